@@ -1,0 +1,21 @@
+# Optional CUDA + NCCL. Nothing here needs a GPU: the toolkit and NCCL only have to be installed
+# for the NCCL communicator to compile and link. Sets TANDEM_HAVE_NCCL and, when on, an interface
+# target tandem_cuda_deps carrying CUDA runtime + NCCL.
+set(TANDEM_HAVE_NCCL OFF)
+if(TANDEM_CUDA STREQUAL "OFF")
+  return()
+endif()
+find_package(CUDAToolkit QUIET)
+find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+  set(TANDEM_HAVE_NCCL ON)
+  add_library(tandem_cuda_deps INTERFACE)
+  target_include_directories(tandem_cuda_deps INTERFACE ${NCCL_INCLUDE_DIR})
+  target_link_libraries(tandem_cuda_deps INTERFACE CUDA::cudart ${NCCL_LIBRARY})
+  message(STATUS "tandem: CUDA ${CUDAToolkit_VERSION} + NCCL found (${NCCL_LIBRARY}): NCCL communicator enabled")
+elseif(TANDEM_CUDA STREQUAL "ON")
+  message(FATAL_ERROR "TANDEM_CUDA=ON but CUDA toolkit or NCCL was not found (CUDAToolkit_FOUND=${CUDAToolkit_FOUND}, nccl.h=${NCCL_INCLUDE_DIR}, libnccl=${NCCL_LIBRARY})")
+else()
+  message(STATUS "tandem: CUDA/NCCL not found: NCCL communicator not built")
+endif()

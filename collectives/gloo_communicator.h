@@ -1,0 +1,88 @@
+// Internal: the Gloo implementation behind connect_gloo().
+#pragma once
+
+#include "async_work.h"
+
+#include <tandem/collectives/gloo_communicator.h>
+
+#include <gloo/context.h>
+#include <gloo/transport/device.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace tandem {
+
+struct GlooP2PState;
+
+class GlooCommunicator final : public Communicator,
+                               public std::enable_shared_from_this<GlooCommunicator> {
+ public:
+  // Connects through `store` under `prefix`; `world_ranks[i]` is group rank i's world rank.
+  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
+                   std::shared_ptr<gloo::transport::Device> device, std::string prefix, int rank,
+                   std::vector<int> world_ranks, GlooOptions options);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(world_ranks_.size()); }
+  std::string backend() const override { return "gloo"; }
+  int world_rank(int group_rank) const override { return world_ranks_.at(group_rank); }
+  std::chrono::milliseconds timeout() const override { return options_.timeout; }
+
+  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+  WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag) override;
+  WorkPtr barrier() override;
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+  std::shared_ptr<Communicator> split(int color, int key) override;
+  void abort(const std::string& reason) override;
+
+  // Marks the communicator broken with `reason` (first reason wins).
+  void mark_broken(const std::string& reason);
+
+ private:
+  struct Task {
+    std::shared_ptr<AsyncWork> work;
+    std::function<void()> run;
+  };
+
+  OpDescription describe(const char* name, std::string detail, bool p2p = false);
+  // Queues `run` on the op thread; throws CommError at once if the communicator is broken.
+  WorkPtr enqueue(OpDescription description, std::function<void()> run);
+  WorkPtr post_p2p(const at::Tensor& tensor, int peer, uint32_t tag, bool is_send);
+  void run_ops();
+  void throw_if_broken(const OpDescription& description);
+  std::shared_ptr<GlooCommunicator> make_group(const std::vector<int>& ranks,
+                                               const std::string& name);
+  // Ring reduce-scatter over `buffer` (size() equal chunks, reduced in place) into `out`.
+  void ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, ReduceOp op, uint32_t tag);
+
+  const c10::intrusive_ptr<c10d::Store> store_;
+  std::shared_ptr<gloo::transport::Device> device_;  // non-const: Gloo takes it by reference
+  const std::string prefix_;
+  const int rank_;
+  const std::vector<int> world_ranks_;
+  const GlooOptions options_;
+  std::shared_ptr<gloo::Context> context_;
+
+  std::mutex mutex_;  // guards everything below
+  std::condition_variable queue_cv_;
+  std::deque<Task> queue_;
+  bool stopping_ = false;
+  std::string broken_reason_;
+  uint64_t next_collective_seq_ = 0;
+  uint64_t next_p2p_seq_ = 0;
+  uint64_t next_group_ = 0;
+  std::vector<std::shared_ptr<GlooP2PState>> p2p_in_flight_;
+  std::thread op_thread_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,31 @@
+// Internal: lets Gloo's rendezvous use any c10d store (TCPStore, FileStore, HashStore, PrefixStore).
+#pragma once
+
+#include <gloo/rendezvous/store.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+class GlooStoreAdapter : public gloo::rendezvous::Store {
+ public:
+  // `what` names the rendezvous in errors, e.g. "rendezvous of 4 ranks under 'tandem/world'";
+  // `world_size` lets a timeout name every absent rank, not only the one Gloo waited for.
+  GlooStoreAdapter(c10::intrusive_ptr<c10d::Store> store, std::string what, int world_size);
+
+  void set(const std::string& key, const std::vector<char>& data) override;
+  std::vector<char> get(const std::string& key) override;
+  void wait(const std::vector<std::string>& keys) override;
+  // Throws TimeoutError naming the keys (ranks) that never appeared.
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+ private:
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::string what_;
+  int world_size_;
+};
+
+}  // namespace tandem

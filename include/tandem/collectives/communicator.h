@@ -1,0 +1,114 @@
+// Communicator: the one interface every parallel wrapper in tandem talks to.
+//
+// A Communicator connects `size()` ranks; this process is `rank()`. Every op is asynchronous: it
+// validates its arguments at once (bad input throws CommError from the call itself, before anything
+// is sent), then returns a Work handle. `Work::wait()` blocks until the op is done and rethrows its
+// error; a wait that outlasts its timeout throws TimeoutError naming the op, its sequence number,
+// size, the ranks and the elapsed time. A hung or dead peer is therefore an error, never a hang.
+//
+// Ordering: collectives run in issue order (one queue per communicator), so ranks must issue
+// collectives in the same order. send/recv are posted in issue order and matched per
+// (peer, tag) in posting order; they may complete while earlier collectives still run.
+//
+// Tensors: inputs may be non-contiguous: the op works on a contiguous copy and copies results
+// back into the caller's tensor (costs one extra copy each way). In-place ops write their
+// result into the given tensor only when the op has completed (wait() returned). The caller must
+// keep tensors alive and untouched until then.
+//
+// After any communication failure (peer died, timeout) the communicator is broken: every later op
+// fails at once with CommError carrying the first failure. Create a new one to continue (the
+// fault-tolerant launcher restarts the whole group instead).
+//
+// Thread-safety: all methods may be called from any thread; issue order is the order in which
+// calls entered the communicator. A Work handle is used by one thread at a time.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+enum class ReduceOp { kSum, kAvg, kMin, kMax, kProduct };
+
+// "sum", "avg", ... (also accepted by parse_reduce_op; anything else is a ConfigError).
+const char* to_string(ReduceOp op);
+ReduceOp parse_reduce_op(const std::string& name);
+
+// Handle of one asynchronous op.
+class Work {
+ public:
+  // A wait without an explicit timeout uses the communicator's op timeout.
+  static constexpr std::chrono::milliseconds kDefaultTimeout{-1};
+
+  virtual ~Work() = default;
+
+  // Blocks until the op completes; rethrows the op's error (CommError/TimeoutError). Throws
+  // TimeoutError when `timeout` passes first; the op then stays in flight and the communicator is
+  // marked broken. Calling wait() again after success returns at once.
+  virtual void wait(std::chrono::milliseconds timeout = kDefaultTimeout) = 0;
+
+  // True once the op finished (successfully or not) without blocking. For send/recv, which
+  // complete in the transport, this becomes true only after wait() returned.
+  virtual bool is_completed() = 0;
+
+  // Human-readable description, e.g. "allreduce #12 (sum, 4.00 MiB float32) on ranks [0, 1]".
+  virtual std::string describe() const = 0;
+};
+
+using WorkPtr = std::shared_ptr<Work>;
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  // Rank of this process in the communicator, in [0, size()).
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // Name of the backend ("gloo", "nccl").
+  virtual std::string backend() const = 0;
+  // Rank in the world communicator of group rank `group_rank` (used in error messages).
+  virtual int world_rank(int group_rank) const = 0;
+  // Timeout applied to every op and to waits without an explicit timeout.
+  virtual std::chrono::milliseconds timeout() const = 0;
+
+  // In place: every rank's `tensor` becomes the reduction over all ranks. kAvg is defined for
+  // floating types only (integer averages would silently truncate).
+  virtual WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
+
+  // In place: every rank's `tensor` becomes root's.
+  virtual WorkPtr broadcast(const at::Tensor& tensor, int root) = 0;
+
+  // `output` (numel == size() * input.numel(), same dtype) receives every rank's `input`,
+  // rank r's at elements [r * input.numel(), (r + 1) * input.numel()).
+  virtual WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) = 0;
+
+  // `input` (numel == size() * output.numel()) is reduced over ranks; rank r's `output` receives
+  // elements [r * output.numel(), (r + 1) * output.numel()) of the reduction.
+  virtual WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                 ReduceOp op = ReduceOp::kSum) = 0;
+
+  // Point to point, matched by (peer, tag) in posting order. Sizes and dtypes must agree.
+  virtual WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag = 0) = 0;
+  virtual WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag = 0) = 0;
+
+  virtual WorkPtr barrier() = 0;
+
+  // Collective over all ranks of this communicator (every rank must call it, with the same
+  // `ranks`): returns a communicator over `ranks` (sorted, unique, in range; group rank = position
+  // in `ranks`) on members and nullptr on the others.
+  virtual std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) = 0;
+
+  // Collective: ranks with equal `color` form one communicator, ordered by (key, rank). A
+  // negative color opts out (returns nullptr).
+  virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
+
+  // Marks the communicator broken and unblocks in-flight ops (they fail with CommError).
+  virtual void abort(const std::string& reason) = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,50 @@
+// Gloo backend of Communicator: CPU tensors over TCP, on libgloo directly.
+//
+// connect_gloo() rendezvouses `size` ranks through a c10d store (TCPStore across processes,
+// FileStore, or HashStore for ranks-as-threads in one process) and returns a connected
+// communicator. It blocks until every rank arrived; a rank that never arrives makes it throw
+// TimeoutError within `options.timeout`, naming the missing ranks.
+//
+// Dtypes: float32, float64, float16, bfloat16, int8, uint8, int16, int32, int64 (16-bit floats
+// are reduced in float and rounded back to their type after each pairwise step). Allreduce picks
+// Gloo's bcube algorithm (halving-doubling family, log2(p) steps) below `ring_threshold_bytes`
+// on power-of-two groups and the bandwidth-optimal ring otherwise. Non-contiguous tensors are
+// copied to a contiguous buffer and the result copied back (see communicator.h).
+//
+// Ownership: the store is shared with the caller; the communicator owns its TCP connections and
+// one op thread ("tandem-gloo"), joined by the destructor after the queued ops ran (a destructor
+// racing a hung peer may block up to the op timeout; call abort() first to return at once).
+#pragma once
+
+#include <tandem/collectives/communicator.h>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace c10d {
+class Store;
+}
+
+namespace tandem {
+
+struct GlooOptions {
+  // Bound on every op, on rendezvous, and on waits without explicit timeout.
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Address other ranks use to reach this process (tandem::init derives it from MASTER_ADDR).
+  std::string hostname = "127.0.0.1";
+  // Network interface to bind (e.g. "eth0"); when set, it wins over `hostname`.
+  std::string interface;
+  // Keys of this communicator live under this prefix in the store (distinct jobs sharing one store
+  // need distinct prefixes).
+  std::string store_prefix = "tandem";
+  // Allreduce below this many bytes uses bcube on power-of-two groups; ring above.
+  size_t ring_threshold_bytes = 256 * 1024;
+};
+
+std::shared_ptr<Communicator> connect_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, const GlooOptions& options = {});
+
+}  // namespace tandem

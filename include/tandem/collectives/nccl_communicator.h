@@ -1,0 +1,42 @@
+// NCCL backend of Communicator: CUDA tensors, built when CMake finds the CUDA toolkit and NCCL
+// (TANDEM_HAVE_NCCL is then defined for users of tandem::tandem too).
+//
+// connect_nccl() exchanges NCCL's unique id through the c10d store (rank 0 creates it) and
+// initialises one NCCL communicator on `options.device`. Ops run on a private stream that first
+// waits for work queued on `options.input_stream` (default: the legacy default stream, which is
+// libtorch's default), so tensors produced by earlier kernels are ready. Work::wait() polls the
+// op's completion event and NCCL's async error; past the timeout it aborts the NCCL communicator
+// (ncclCommAbort) and throws TimeoutError, so a hung peer never hangs the caller.
+//
+// Differences from Gloo: send/recv match per peer in posting order; `tag` must be 0 (NCCL has no
+// tags). int16 is not supported. Sub-groups use ncclCommSplit. Thread-safety as in
+// communicator.h.
+#pragma once
+
+#include <tandem/collectives/communicator.h>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace c10d {
+class Store;
+}
+
+namespace tandem {
+
+struct NcclOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  int device = 0;                  // CUDA device index (usually LOCAL_RANK)
+  void* input_stream = nullptr;    // cudaStream_t whose work ops wait for; null = legacy default
+  std::string store_prefix = "tandem";
+};
+
+#if defined(TANDEM_HAVE_NCCL)
+std::shared_ptr<Communicator> connect_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                           int size, const NcclOptions& options = {});
+#endif
+
+}  // namespace tandem

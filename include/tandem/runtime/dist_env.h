@@ -1,0 +1,45 @@
+// The launcher environment contract, parsed once at the edge.
+//
+// Workers started by tandemrun, torchrun, or Slurm/Kubernetes wrappers that export the torchrun
+// variables read them here and nowhere else. A process started by hand (none of RANK/WORLD_SIZE
+// set) is a world of one.
+//
+// Errors: from_env() throws ConfigError naming the variable, the value seen and the fix, for
+// non-numeric values, RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, ports out of range, or
+// MASTER_ADDR/MASTER_PORT missing in a world larger than one. It never opens a connection.
+// Thread-safety: a plain value type.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace tandem {
+
+struct DistEnv {
+  int rank = 0;              // RANK
+  int world_size = 1;        // WORLD_SIZE
+  int local_rank = 0;        // LOCAL_RANK
+  int local_world_size = 1;  // LOCAL_WORLD_SIZE
+  int group_rank = 0;        // GROUP_RANK (node rank)
+  std::string master_addr = "127.0.0.1";  // MASTER_ADDR
+  int master_port = 29500;   // MASTER_PORT
+  int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
+  std::string run_id;        // TORCHELASTIC_RUN_ID
+  std::string error_file;    // TORCHELASTIC_ERROR_FILE
+
+  // Looks variables up with `lookup` (nullptr when unset); tests inject a map.
+  using Lookup = std::function<const char*(const char*)>;
+  static DistEnv from_env(const Lookup& lookup);
+  // Reads the process environment.
+  static DistEnv from_env();
+
+  // Throws ConfigError when fields are inconsistent (also called by from_env).
+  void validate() const;
+  // "rank 1/4 (local 1/2, node 0), master 10.0.0.1:29500".
+  std::string describe() const;
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost".
+bool is_loopback_address(const std::string& address);
+
+}  // namespace tandem

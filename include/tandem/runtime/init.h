@@ -1,0 +1,62 @@
+// tandem::init: from the launcher environment to a connected world communicator.
+//
+// Rank 0 hosts a c10d::TCPStore at MASTER_ADDR:MASTER_PORT, every rank connects to it, and the
+// ranks rendezvous into a Gloo communicator (a world of one uses an in-process HashStore and
+// opens no port). Errors: ConfigError for a bad environment (before any connection) and for a
+// port already in use on rank 0; TimeoutError when rank 0's store cannot be reached or a rank never
+// arrives within `timeout`. The returned object owns the store and communicator; destroy the
+// communicator before the store's host (rank 0) exits if peers still use it.
+#pragma once
+
+#include <tandem/collectives/communicator.h>
+#include <tandem/runtime/dist_env.h>
+
+#include <c10/util/intrusive_ptr.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+namespace c10d {
+class Store;
+}
+
+namespace tandem {
+
+struct InitOptions {
+  DistEnv env;
+  // Rendezvous, store and op timeout (TANDEM_TIMEOUT_S).
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Address peers use to reach this rank. Empty: 127.0.0.1 when MASTER_ADDR is a loopback
+  // address, else this machine's host name. TANDEM_GLOO_HOSTNAME.
+  std::string gloo_hostname;
+  // Network interface for Gloo, wins over gloo_hostname when set (TANDEM_GLOO_IFNAME).
+  std::string gloo_interface;
+  // Store key prefix (distinct per restart so a restarted group never reads stale keys).
+  std::string store_prefix = "tandem";
+
+  // DistEnv::from_env() plus the TANDEM_* variables above; throws ConfigError on bad values.
+  static InitOptions from_env();
+};
+
+// The connected world. `store` is a c10d store: include
+// <torch/csrc/distributed/c10d/Store.hpp> to use it (kept out of this header: it is heavy).
+struct Distributed {
+  // Out of line because c10d::Store is incomplete here.
+  Distributed();
+  ~Distributed();
+  Distributed(const Distributed&);
+  Distributed(Distributed&&) noexcept;
+  Distributed& operator=(const Distributed&);
+  Distributed& operator=(Distributed&&) noexcept;
+
+  DistEnv env;
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<Communicator> world;
+};
+
+Distributed init(const InitOptions& options);
+// init(InitOptions::from_env()).
+Distributed init();
+
+}  // namespace tandem

@@ -1,0 +1,9 @@
+// Umbrella header: everything a training program needs from tandem.
+#pragma once
+
+#include <tandem/collectives/communicator.h>
+#include <tandem/collectives/gloo_communicator.h>
+#include <tandem/collectives/nccl_communicator.h>
+#include <tandem/errors.h>
+#include <tandem/runtime/dist_env.h>
+#include <tandem/runtime/init.h>

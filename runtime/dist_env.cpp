@@ -1,0 +1,112 @@
+#include <tandem/runtime/dist_env.h>
+
+#include <tandem/errors.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <limits>
+
+namespace tandem {
+
+namespace {
+
+constexpr const char* kFix =
+    " Start workers with tandemrun (or torchrun), which sets the variables consistently.";
+
+int parse_int(const DistEnv::Lookup& lookup, const char* name, int fallback) {
+  const char* raw = lookup(name);
+  if (raw == nullptr) return fallback;
+  const std::string value = raw;
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(raw, &end, 10);
+  if (value.empty() || *end != '\0' || errno == ERANGE || v < std::numeric_limits<int>::min() ||
+      v > std::numeric_limits<int>::max()) {
+    throw ConfigError("tandem: environment variable " + std::string(name) + "='" + value +
+                      "' is not an integer." + kFix);
+  }
+  return static_cast<int>(v);
+}
+
+std::string parse_string(const DistEnv::Lookup& lookup, const char* name,
+                         const std::string& fallback) {
+  const char* raw = lookup(name);
+  return raw == nullptr ? fallback : std::string(raw);
+}
+
+}  // namespace
+
+DistEnv DistEnv::from_env(const Lookup& lookup) {
+  DistEnv env;
+  const bool launched = lookup("RANK") != nullptr || lookup("WORLD_SIZE") != nullptr;
+  env.world_size = parse_int(lookup, "WORLD_SIZE", 1);
+  env.rank = parse_int(lookup, "RANK", 0);
+  if (launched && lookup("WORLD_SIZE") == nullptr) {
+    throw ConfigError("tandem: RANK is set but WORLD_SIZE is not." + std::string(kFix));
+  }
+  if (launched && lookup("RANK") == nullptr) {
+    throw ConfigError("tandem: WORLD_SIZE is set but RANK is not." + std::string(kFix));
+  }
+  env.local_rank = parse_int(lookup, "LOCAL_RANK", env.rank);
+  env.local_world_size = parse_int(lookup, "LOCAL_WORLD_SIZE", env.world_size);
+  env.group_rank = parse_int(lookup, "GROUP_RANK", 0);
+  env.restart_count = parse_int(lookup, "TORCHELASTIC_RESTART_COUNT", 0);
+  env.run_id = parse_string(lookup, "TORCHELASTIC_RUN_ID", "");
+  env.error_file = parse_string(lookup, "TORCHELASTIC_ERROR_FILE", "");
+  if (env.world_size > 1) {
+    for (const char* required : {"MASTER_ADDR", "MASTER_PORT"}) {
+      const char* v = lookup(required);
+      if (v == nullptr || *v == '\0') {
+        throw ConfigError("tandem: " + std::string(required) + " is not set but WORLD_SIZE=" +
+                          std::to_string(env.world_size) +
+                          " needs a rendezvous address (the host and port of rank 0)." + kFix);
+      }
+    }
+  }
+  env.master_addr = parse_string(lookup, "MASTER_ADDR", env.master_addr);
+  env.master_port = parse_int(lookup, "MASTER_PORT", env.master_port);
+  env.validate();
+  return env;
+}
+
+DistEnv DistEnv::from_env() {
+  return from_env([](const char* name) -> const char* { return std::getenv(name); });
+}
+
+void DistEnv::validate() const {
+  auto fail = [](const std::string& what) { throw ConfigError("tandem: " + what + kFix); };
+  if (world_size < 1) fail("WORLD_SIZE=" + std::to_string(world_size) + " must be at least 1.");
+  if (rank < 0 || rank >= world_size) {
+    fail("RANK=" + std::to_string(rank) + " must be in [0, WORLD_SIZE=" +
+         std::to_string(world_size) + ").");
+  }
+  if (local_world_size < 1 || local_world_size > world_size) {
+    fail("LOCAL_WORLD_SIZE=" + std::to_string(local_world_size) + " must be in [1, WORLD_SIZE=" +
+         std::to_string(world_size) + "].");
+  }
+  if (local_rank < 0 || local_rank >= local_world_size) {
+    fail("LOCAL_RANK=" + std::to_string(local_rank) + " must be in [0, LOCAL_WORLD_SIZE=" +
+         std::to_string(local_world_size) + ").");
+  }
+  if (group_rank < 0) fail("GROUP_RANK=" + std::to_string(group_rank) + " must be >= 0.");
+  if (master_port < 1 || master_port > 65535) {
+    fail("MASTER_PORT=" + std::to_string(master_port) + " must be in [1, 65535].");
+  }
+  if (master_addr.empty()) fail("MASTER_ADDR is empty.");
+  if (restart_count < 0) {
+    fail("TORCHELASTIC_RESTART_COUNT=" + std::to_string(restart_count) + " must be >= 0.");
+  }
+}
+
+std::string DistEnv::describe() const {
+  return "rank " + std::to_string(rank) + "/" + std::to_string(world_size) + " (local " +
+         std::to_string(local_rank) + "/" + std::to_string(local_world_size) + ", node " +
+         std::to_string(group_rank) + "), master " + master_addr + ":" +
+         std::to_string(master_port);
+}
+
+bool is_loopback_address(const std::string& address) {
+  return address == "localhost" || address == "::1" || address.rfind("127.", 0) == 0;
+}
+
+}  // namespace tandem

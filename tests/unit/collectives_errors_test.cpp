@@ -1,0 +1,162 @@
+// Bad input gets a clear error at the call; hung, dead and missing peers raise within the timeout.
+#include "test_support.h"
+
+#include <tandem/errors.h>
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+
+namespace tandem {
+namespace {
+
+using testing::run_ranks;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+template <class F>
+std::string comm_error_of(F&& f) {
+  try {
+    f();
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_ERROR_CONTAINS(call, text)                                              \
+  do {                                                                                 \
+    const std::string msg_ = comm_error_of([&] { call; });                             \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_;              \
+  } while (0)
+
+TEST(CollectiveErrors, BadArgumentsThrowAtTheCallAndLeaveTheCommunicatorUsable) {
+  run_ranks(2, [](Communicator& comm) {
+    EXPECT_ERROR_CONTAINS(comm.allreduce(at::Tensor()), "undefined tensor");
+    EXPECT_ERROR_CONTAINS(comm.allreduce(at::zeros({3}, at::kBool)), "has dtype bool");
+    EXPECT_ERROR_CONTAINS(comm.allreduce(at::zeros({3}, at::kInt), ReduceOp::kAvg),
+                          "'avg' on an integer tensor");
+    EXPECT_ERROR_CONTAINS(comm.allgather(at::zeros({5}), at::zeros({3})),
+                          "'output' has 5 elements but must have world size (2) x 3 = 6");
+    EXPECT_ERROR_CONTAINS(comm.allgather(at::zeros({6}, at::kDouble), at::zeros({3})),
+                          "'output' is float64 but 'input' is float32");
+    EXPECT_ERROR_CONTAINS(comm.reduce_scatter(at::zeros({3}), at::zeros({7})),
+                          "'input' has 7 elements but must have world size (2) x 3 = 6");
+    EXPECT_ERROR_CONTAINS(comm.broadcast(at::zeros({3}), 2), "root 2 is out of range");
+    EXPECT_ERROR_CONTAINS(comm.send(at::zeros({3}), -1), "dst -1 is out of range");
+    EXPECT_ERROR_CONTAINS(comm.send(at::zeros({3}), comm.rank()), "to/from this rank");
+    EXPECT_ERROR_CONTAINS(comm.new_group({1, 0}), "must be sorted and unique");
+    // Nothing was sent: the ranks are still in step.
+    auto t = at::ones({4});
+    comm.allreduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({4}, 2.0f)));
+  });
+}
+
+TEST(CollectiveErrors, HungPeerRaisesTimeoutErrorNamingTheOp) {
+  GlooOptions options;
+  options.timeout = std::chrono::milliseconds(1000);
+  std::atomic<bool> rank0_done{false};
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) {  // hangs: never issues the allreduce
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        auto t = at::ones({1 << 16});
+        const auto start = Clock::now();
+        std::string msg;
+        try {
+          comm.allreduce(t)->wait();
+        } catch (const TimeoutError& e) {
+          msg = e.what();
+        }
+        rank0_done = true;
+        EXPECT_LT(seconds_since(start), 10.0);  // bounded by the 1 s timeout, with slack
+        EXPECT_NE(msg.find("allreduce #0 (sum, 256.00 KiB float32) on ranks [0, 1]"),
+                  std::string::npos)
+            << msg;
+        EXPECT_NE(msg.find("unusable"), std::string::npos) << msg;
+        // Broken afterwards: later ops fail at once, carrying the first failure.
+        const std::string later = comm_error_of([&] { comm.barrier(); });
+        EXPECT_NE(later.find("unusable after an earlier failure"), std::string::npos) << later;
+      },
+      options);
+}
+
+TEST(CollectiveErrors, DeadPeerRaisesCommErrorLongBeforeTheTimeout) {
+  GlooOptions options;
+  options.timeout = std::chrono::seconds(60);
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        auto t = at::ones({1 << 20});
+        comm.allreduce(t)->wait();
+        if (comm.rank() == 1) {
+          comm.abort("simulated death");  // closes its connections like a killed process
+          return;
+        }
+        const auto start = Clock::now();
+        std::string msg = comm_error_of([&] { comm.allreduce(t)->wait(); });
+        EXPECT_LT(seconds_since(start), 20.0);
+        EXPECT_NE(msg.find("allreduce #1"), std::string::npos) << msg;
+      },
+      options);
+}
+
+TEST(CollectiveErrors, MissingPeerAtRendezvousNamesTheRank) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  GlooOptions options;
+  options.timeout = std::chrono::milliseconds(500);
+  const auto start = Clock::now();
+  std::string msg;
+  try {
+    connect_gloo(store, 0, 3, options);
+  } catch (const TimeoutError& e) {
+    msg = e.what();
+  }
+  EXPECT_LT(seconds_since(start), 10.0);
+  EXPECT_NE(msg.find("rank 1"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("never arrived"), std::string::npos) << msg;
+}
+
+TEST(CollectiveErrors, UnmatchedRecvTimesOut) {
+  std::atomic<bool> rank0_done{false};
+  run_ranks(2, [&](Communicator& comm) {
+    if (comm.rank() == 1) {  // alive, but never sends
+      while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    } else {
+      auto t = at::zeros({8});
+      auto work = comm.recv(t, 1, 99);
+      std::string msg;
+      try {
+        work->wait(std::chrono::milliseconds(300));
+      } catch (const TimeoutError& e) {
+        msg = e.what();
+      }
+      rank0_done = true;
+      EXPECT_NE(msg.find("recv #0 (32 B float32, from 1, tag 99)"), std::string::npos) << msg;
+    }
+  });
+}
+
+TEST(CollectiveErrors, ParseReduceOp) {
+  EXPECT_EQ(parse_reduce_op("max"), ReduceOp::kMax);
+  try {
+    parse_reduce_op("mean");
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("expected one of sum, avg"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
