@@ -1,0 +1,61 @@
+// tandemrun's command line: parsed and validated once, at the edge, into LauncherOptions.
+//
+// Everything the launcher does later reads this struct, never argv or the environment, so the
+// future fault-tolerant agent can build the same struct from its own sources (a config, a
+// rendezvous) and reuse the worker group unchanged.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace tandem::launcher {
+
+// Torchrun's default rendezvous port when --master-port is not given.
+inline constexpr int kDefaultMasterPort = 29500;
+
+struct LauncherOptions {
+  int nnodes = 1;          // only 1 in this cut (multi-node comes with the agent)
+  int node_rank = 0;       // GROUP_RANK of this node
+  int nproc_per_node = 1;  // workers started on this node
+  std::string master_addr = "127.0.0.1";
+  int master_port = kDefaultMasterPort;  // with `standalone`, replaced by a free port at launch
+  bool standalone = false;               // pick a free port on master_addr
+  std::string run_id;                    // TORCHELASTIC_RUN_ID; generated when empty
+  double grace_period_s = 5.0;           // SIGTERM -> SIGKILL delay when stopping workers
+  int max_restarts = 0;                  // TORCHELASTIC_MAX_RESTARTS; restarts come with the agent
+
+  std::string program;                    // as the user wrote it (argv[0] of every worker)
+  std::string program_path;               // resolved like execvp does (PATH search), executable
+  std::vector<std::string> program_args;  // everything after PROGRAM, untouched
+
+  int world_size() const { return nnodes * nproc_per_node; }
+};
+
+// What main() should do after reading the command line.
+struct CommandLine {
+  enum class Action { kRun, kPrintAndExit };
+  Action action = Action::kRun;
+  LauncherOptions options;  // valid when action == kRun
+  std::string text;         // --help / --version output when action == kPrintAndExit
+};
+
+// Parses tandemrun's argv (options may be spelled with '-' or '_', like torchrun; each also reads
+// torchrun's PET_<NAME> environment variable when not given). Everything from PROGRAM on is kept
+// verbatim for the program. Throws tandem::ConfigError with a message naming the bad value and
+// the fix for anything invalid; nothing is started before this returns.
+CommandLine parse_command_line(int argc, const char* const* argv);
+
+// Resolves `program` like execvp(): a name containing '/' is used as is, anything else is looked
+// up in `path_env` (":"-separated; empty entries mean "."). Returns the path to execute. Throws
+// tandem::ConfigError when it is missing, a directory or not executable.
+std::string resolve_program(const std::string& program, const std::string& path_env);
+
+// Fills what is decided at launch rather than parsed: a generated run id when none was given and,
+// with --standalone, a free port on master_addr. Throws tandem::ConfigError when the port cannot
+// be picked (e.g. master_addr is not a local address).
+void resolve_launch_values(LauncherOptions& options);
+
+// A random 16-hex-digit run id.
+std::string generate_run_id();
+
+}  // namespace tandem::launcher
