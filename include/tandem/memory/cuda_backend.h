@@ -1,0 +1,62 @@
+// CUDA backends: device memory (cudaMalloc) and pinned host memory (cudaHostAlloc).
+// Available when tandem is built with CUDA (TANDEM_HAVE_CUDA_MEMORY defined); they only need the
+// CUDA runtime, not a CUDA build of libtorch.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "tandem/memory/memory_resource.h"
+
+namespace tandem::memory {
+
+// True when the CUDA runtime reports at least one device. Never throws.
+bool cuda_device_available();
+
+// Device memory of one GPU. allocate() selects `device` for the call (and restores the caller's
+// device), so it can be used from any thread. Alignment up to 512 bytes (cudaMalloc gives at
+// least 256, in practice 512 or more; checked). cudaMalloc failure throws OutOfMemoryError with
+// the CUDA error and cudaMemGetInfo's free/total. deallocate() calls cudaFree, which synchronises
+// the device: put a CachingPool on top (stream-aware reuse) so that happens only on release.
+// Thread-safe.
+class CudaDeviceBackend final : public MemoryResource {
+ public:
+  explicit CudaDeviceBackend(int device = 0) : device_(device) {}
+  int device() const { return device_; }
+  std::int64_t outstanding_bytes() const { return outstanding_.load(); }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, StreamId stream) override;
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment, StreamId stream) noexcept override;
+
+  int device_;
+  std::atomic<std::int64_t> outstanding_{0};
+};
+
+// Page-locked host memory (cudaHostAlloc, portable) for fast, asynchronous host<->device copies.
+// Alignment up to 4096 (page-aligned). Thread-safe.
+class PinnedHostBackend final : public MemoryResource {
+ public:
+  std::int64_t outstanding_bytes() const { return outstanding_.load(); }
+
+ private:
+  void* do_allocate(std::size_t bytes, std::size_t alignment, StreamId stream) override;
+  void do_deallocate(void* p, std::size_t bytes, std::size_t alignment, StreamId stream) noexcept override;
+
+  std::atomic<std::int64_t> outstanding_{0};
+};
+
+}  // namespace tandem::memory
+
+// Entry points with the signatures of PyTorch 2.x's CUDAPluggableAllocator, backed by one
+// CachingPool(CudaDeviceBackend(device)) per device (small pool, best fit, stream-aware reuse:
+// a block freed on a stream is reused only on that stream). See docs/memory.md for loading them
+// with torch.cuda.memory.CUDAPluggableAllocator or
+// torch::cuda::CUDAPluggableAllocator::createCustomAllocator. Thread-safe.
+extern "C" {
+void* tandem_cuda_malloc(std::ptrdiff_t size, int device, void* stream);
+void tandem_cuda_free(void* ptr, std::ptrdiff_t size, int device, void* stream);
+// Releases the cached, unused device memory of every device back to the driver.
+void tandem_cuda_empty_cache();
+}

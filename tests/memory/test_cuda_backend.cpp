@@ -1,0 +1,62 @@
+// CUDA backends under a CachingPool (label "gpu"; skipped without a device).
+#include <gtest/gtest.h>
+
+#include <cuda_runtime_api.h>
+
+#include "tandem/memory/caching_pool.h"
+#include "tandem/memory/cuda_backend.h"
+
+namespace tmem = tandem::memory;
+
+#define SKIP_WITHOUT_GPU() \
+  if (!tmem::cuda_device_available()) GTEST_SKIP() << "no CUDA device"
+
+TEST(CudaBackend, PoolReusesDeviceBlocksPerStream) {
+  SKIP_WITHOUT_GPU();
+  tmem::CudaDeviceBackend dev(0);
+  tmem::CachingPoolOptions o;
+  o.segment_alignment = 512;
+  {
+    tmem::CachingPool pool(dev, o);
+    cudaStream_t s1, s2;
+    ASSERT_EQ(cudaStreamCreate(&s1), cudaSuccess);
+    ASSERT_EQ(cudaStreamCreate(&s2), cudaSuccess);
+    const tmem::StreamId id1{reinterpret_cast<std::uintptr_t>(s1)}, id2{reinterpret_cast<std::uintptr_t>(s2)};
+    void* a = pool.allocate(1 << 20, 512, id1);
+    ASSERT_EQ(cudaMemsetAsync(a, 1, 1 << 20, s1), cudaSuccess);
+    pool.deallocate(a, 1 << 20, 512, id1);
+    void* b = pool.allocate(1 << 20, 512, id2);
+    EXPECT_NE(a, b) << "a block freed on one stream must not go to another";
+    void* c = pool.allocate(1 << 20, 512, id1);
+    EXPECT_EQ(a, c);
+    pool.deallocate(b, 1 << 20, 512, id2);
+    pool.deallocate(c, 1 << 20, 512, id1);
+    cudaStreamSynchronize(s1);
+    cudaStreamSynchronize(s2);
+    pool.release();
+    EXPECT_EQ(dev.outstanding_bytes(), 0);
+    cudaStreamDestroy(s1);
+    cudaStreamDestroy(s2);
+  }
+}
+
+TEST(CudaBackend, PinnedHostMemoryIsUsable) {
+  SKIP_WITHOUT_GPU();
+  tmem::PinnedHostBackend pinned;
+  tmem::CachingPool pool(pinned);
+  auto* p = static_cast<char*>(pool.allocate(4096));
+  p[0] = 1;
+  p[4095] = 2;
+  pool.deallocate(p, 4096);
+  pool.release();
+  EXPECT_EQ(pinned.outstanding_bytes(), 0);
+}
+
+TEST(CudaBackend, PluggableEntryPoints) {
+  SKIP_WITHOUT_GPU();
+  void* p = tandem_cuda_malloc(1000, 0, nullptr);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(cudaMemset(p, 0, 1000), cudaSuccess);
+  tandem_cuda_free(p, 1000, 0, nullptr);
+  tandem_cuda_empty_cache();
+}
