@@ -2,6 +2,7 @@
 
 #include "gloo_store_adapter.h"
 #include "reduce_kernels.h"
+#include "shm_allreduce.h"
 #include "tensor_checks.h"
 
 #include <tandem/errors.h>
@@ -187,6 +188,8 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
                     ". Check that the ranks can reach each other (GlooOptions::hostname).");
   }
   context_ = std::move(context);
+  // Collective like the rendezvous above: every rank reaches the same answer.
+  shm_ = connect_shm_allreduce(store_, prefix_, rank_, world_ranks_, options_);
   op_thread_ = std::thread([this] { run_ops(); });
 }
 
@@ -211,6 +214,7 @@ void GlooCommunicator::mark_broken(const std::string& reason) {
 
 void GlooCommunicator::abort(const std::string& reason) {
   mark_broken("aborted: " + reason);
+  if (shm_) shm_->abort();
   for (int i = 0; i < size(); ++i) {
     if (i == rank_) continue;
     try {
@@ -304,10 +308,16 @@ WorkPtr GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
   auto d = describe("allreduce", std::string(to_string(op)) + ", " + tensor_summary(tensor));
   const ReduceFn fn = reduce_kernel(tensor.scalar_type(), op);
   const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, tensor, op, fn, tag] {
+  const uint64_t seq = d.seq;
+  return enqueue(std::move(d), [this, tensor, op, fn, tag, seq] {
     if (tensor.numel() == 0) return;
     at::Tensor buf = contiguous_view(tensor);
     const size_t nbytes = buf.numel() * buf.element_size();
+    if (shm_) {
+      shm_->allreduce(buf, op, seq);  // divides for avg itself
+      copy_back(tensor, buf);
+      return;
+    }
     if (size() > 1) {
       gloo::AllreduceOptions opts(context_);
       with_element_type(buf.element_size(), [&](auto* type) {

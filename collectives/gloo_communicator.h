@@ -18,6 +18,7 @@
 namespace tandem {
 
 struct GlooP2PState;
+class ShmAllreduce;
 
 class GlooCommunicator final : public Communicator,
                                public std::enable_shared_from_this<GlooCommunicator> {
@@ -72,6 +73,8 @@ class GlooCommunicator final : public Communicator,
   const std::vector<int> world_ranks_;
   const GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
+  // Allreduce through shared memory when every rank is on this host (null: Gloo).
+  std::unique_ptr<ShmAllreduce> shm_;
 
   std::mutex mutex_;  // guards everything below
   std::condition_variable queue_cv_;

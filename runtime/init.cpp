@@ -73,6 +73,13 @@ InitOptions InitOptions::from_env() {
     }
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
   }
+  if (const char* shm = std::getenv("TANDEM_SHM")) {
+    const std::string v = shm;
+    if (v != "0" && v != "1") {
+      throw ConfigError("tandem: TANDEM_SHM='" + v + "' must be 0 (off) or 1 (on).");
+    }
+    o.shared_memory = v == "1";
+  }
   if (const char* h = std::getenv("TANDEM_GLOO_HOSTNAME")) o.gloo_hostname = h;
   if (const char* i = std::getenv("TANDEM_GLOO_IFNAME")) o.gloo_interface = i;
   if (!o.env.run_id.empty()) o.store_prefix = "tandem/" + o.env.run_id;
@@ -92,6 +99,7 @@ Distributed init(const InitOptions& options) {
                   : is_loopback_address(options.env.master_addr) ? "127.0.0.1"
                                                                 : this_host_name();
   gloo.store_prefix = options.store_prefix;
+  gloo.shared_memory = options.shared_memory;
   d.world = connect_gloo(d.store, options.env.rank, options.env.world_size, gloo);
   return d;
 }

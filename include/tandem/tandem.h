@@ -3,7 +3,10 @@
 
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
+#include <tandem/collectives/grad_codec.h>
 #include <tandem/collectives/nccl_communicator.h>
+#include <tandem/collectives/reducer.h>
 #include <tandem/errors.h>
 #include <tandem/runtime/dist_env.h>
+#include <tandem/runtime/data_parallel.h>
 #include <tandem/runtime/init.h>

@@ -128,6 +128,7 @@ TEST(Multiprocess, BadEnvironmentFailsBeforeAnyConnection) {
       {{"RANK=0", "WORLD_SIZE=2", "MASTER_PORT=" + std::to_string(port)},
        "MASTER_ADDR is not set but WORLD_SIZE=2"},
       {{"RANK=0", "WORLD_SIZE=1", "TANDEM_TIMEOUT_S=soon"}, "TANDEM_TIMEOUT_S='soon'"},
+      {{"RANK=0", "WORLD_SIZE=1", "TANDEM_SHM=yes"}, "TANDEM_SHM='yes' must be 0 (off) or 1 (on)"},
   };
   for (const auto& c : cases) {
     auto env = clean_env();

@@ -32,6 +32,8 @@ struct InitOptions {
   std::string gloo_hostname;
   // Network interface for Gloo, wins over gloo_hostname when set (TANDEM_GLOO_IFNAME).
   std::string gloo_interface;
+  // All-reduce through shared memory when every rank is on this host (TANDEM_SHM=0 turns it off).
+  bool shared_memory = true;
   // Store key prefix (distinct per restart so a restarted group never reads stale keys).
   std::string store_prefix = "tandem";
 

@@ -1,0 +1,83 @@
+// Reducer: gradient bucketing with communication overlapped with backward.
+//
+// Parameters are grouped into buckets of one dtype, in reverse registration order (the order in
+// which backward usually produces their gradients), the first bucket capped small so
+// communication starts early. Each parameter's AccumulateGrad node gets a post hook: when a
+// gradient is ready it is copied into its bucket (or already lives there, with
+// gradient_as_bucket_view), and the moment a bucket's last gradient arrives the bucket is handed
+// to the codec, whose all-reduce runs on the communicator's thread while backward continues.
+// Buckets are launched strictly in bucket order, so every rank issues the same collectives in the
+// same order. A callback queued on the autograd engine runs at the end of backward: it waits for
+// every bucket and writes the averaged gradients into `.grad`. After the first synchronised
+// iteration the buckets are rebuilt once from the observed gradient order (rank 0's order wins,
+// so the plan is identical on every rank).
+//
+// Unused parameters (find_unused_parameters): after forward the autograd graph is walked from the
+// outputs; parameters it does not reach are marked ready at once with a zero (or, after no_sync
+// accumulation, their accumulated) gradient, and a used-map is all-reduced so parameters unused
+// on every rank keep their `.grad` untouched (undefined if never set).
+//
+// Errors: a forward that starts while the previous iteration's reduction is unfinished throws
+// tandem::Error naming the buckets and parameters that never became ready. Thread-safety: hooks
+// may fire on autograd threads; the public methods are called from the training thread.
+#pragma once
+
+#include <tandem/collectives/communicator.h>
+#include <tandem/collectives/grad_codec.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+struct ReducerState;
+
+struct ReducerOptions {
+  double bucket_cap_mb = 25.0;
+  double first_bucket_cap_mb = 1.0;
+  bool find_unused_parameters = false;
+  bool gradient_as_bucket_view = false;
+};
+
+// Groups parameter indices (taken in `order`) into buckets of one dtype: a bucket closes once its
+// bytes reach the cap (first bucket of each dtype: `first_cap_bytes`). Buckets are ordered by the
+// position of their first parameter in `order`. Pure; exposed for tests and tools.
+std::vector<std::vector<int64_t>> plan_buckets(const std::vector<int64_t>& order,
+                                               const std::vector<at::ScalarType>& dtypes,
+                                               const std::vector<int64_t>& bytes,
+                                               int64_t first_cap_bytes, int64_t cap_bytes);
+
+class Reducer {
+ public:
+  // `params` are leaf tensors requiring grad, `names` their qualified names (same length).
+  Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
+          std::shared_ptr<Communicator> comm, ReducerOptions options,
+          std::shared_ptr<GradCodec> codec = make_average_codec());
+  ~Reducer();
+  Reducer(const Reducer&) = delete;
+  Reducer& operator=(const Reducer&) = delete;
+
+  // Before each forward: raises if the previous reduction is unfinished; rebuilds buckets once.
+  void prepare_for_forward();
+  // After a forward whose backward should synchronise: arms the hooks and, with
+  // find_unused_parameters, marks parameters unreachable from `outputs` ready.
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs);
+  // After a forward under no_sync: hooks only record which parameters were used.
+  void prepare_for_accumulation();
+
+  // Current bucket plan as parameter indices (for tests and reports).
+  std::vector<std::vector<int64_t>> bucket_plan() const;
+  bool buckets_rebuilt() const;
+  const std::vector<std::string>& parameter_names() const;
+  GradCodec& codec();
+  // Of the last synchronised backward: seconds between the first bucket launch and the end of
+  // backward (communication that overlapped compute), and seconds spent waiting afterwards.
+  double last_overlap_seconds() const;
+  double last_wait_seconds() const;
+
+ private:
+  std::shared_ptr<ReducerState> state_;  // shared (weakly) with the autograd hooks
+};
+
+}  // namespace tandem

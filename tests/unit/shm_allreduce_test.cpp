@@ -1,0 +1,693 @@
+// Allreduce through shared memory (GlooOptions::shared_memory): used exactly when every rank of a
+// communicator shares the host and wants it; results equal to the TCP path (exactly where the
+// arithmetic is exact, within a stated rounding bound for floating sums and products) and
+// bitwise identical on every rank; many pipeline steps; aborts, dead, hung and mismatched peers
+// fail within the timeout; nothing is left in /dev/shm, also after a SIGKILL. One more test, skipped
+// unless TANDEM_SHM_BENCH is set, prints timings of two processes, shared memory versus TCP.
+//
+// Whether shared memory is in use is observed from outside: each engine maps one segment, which
+// shows in /proc/self/maps as "/dev/shm/tandem-shm-<creator pid>-<random> (deleted)" (the name is
+// unlinked as soon as every rank mapped it).
+#include "test_support.h"
+
+#include <tandem/collectives/communicator.h>
+#include <tandem/collectives/gloo_communicator.h>
+#include <tandem/errors.h>
+
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+#include <thread>
+
+extern char** environ;
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Mappings of tandem shared-memory segments in this process.
+int shm_mappings() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  int n = 0;
+  while (std::getline(maps, line)) n += line.find("/dev/shm/tandem-shm-") != std::string::npos;
+  return n;
+}
+
+// Names left in /dev/shm by segments that process `pid` created.
+int shm_files_of(pid_t pid) {
+  const std::string prefix = "tandem-shm-" + std::to_string(pid) + "-";
+  int n = 0;
+  if (DIR* d = ::opendir("/dev/shm")) {
+    while (dirent* e = ::readdir(d)) n += std::strncmp(e->d_name, prefix.c_str(), prefix.size()) == 0;
+    ::closedir(d);
+  }
+  return n;
+}
+
+// Ranks as threads over one HashStore, each with its own options and communicators made by
+// `connect` (so one rank can hold several communicators).
+void run_threads(int world, const std::function<void(int rank, c10::intrusive_ptr<c10d::Store>)>& body) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::mutex mutex;
+  std::exception_ptr first_error;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        body(rank, store);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!first_error) first_error = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+GlooOptions shm_options(size_t slot_bytes = GlooOptions().shared_memory_slot_bytes,
+                        std::chrono::milliseconds timeout = 60s) {
+  GlooOptions o;
+  o.shared_memory = true;
+  o.shared_memory_slot_bytes = slot_bytes;
+  o.timeout = timeout;
+  o.store_prefix = "shm";
+  return o;
+}
+
+GlooOptions tcp_options() {
+  GlooOptions o;
+  o.shared_memory = false;
+  o.store_prefix = "tcp";
+  return o;
+}
+
+const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf,
+                                             at::kBFloat16, at::kChar, at::kByte,
+                                             at::kShort, at::kInt, at::kLong};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
+                                    ReduceOp::kMax, ReduceOp::kProduct};
+
+// Deterministic inputs. Floats: irregular values of both signs for sums (so rounding differs
+// between summation orders), in [0.6, 1.4] for products. Integers: small, so nothing overflows.
+at::Tensor input_for(int rank, int64_t n, at::ScalarType dtype, ReduceOp op) {
+  const auto i = at::arange(n, at::kLong);
+  if (at::isFloatingType(dtype)) {
+    const auto x = at::sin(i.to(at::kDouble) * 0.7311 + rank * 1.37 + 0.1);
+    return (op == ReduceOp::kProduct ? 1.0 + 0.4 * x : 3.0 * x).to(dtype);
+  }
+  if (op == ReduceOp::kProduct) return ((i + rank) % 3 + 1).to(dtype);
+  const auto v = (i * 7 + rank * 13) % 41;
+  return (dtype == at::kByte ? v : v - 20).to(dtype);
+}
+
+// Reduction in float64 over every rank's input, and the sum of magnitudes (rounding scale).
+std::pair<at::Tensor, at::Tensor> reference(int world, int64_t n, at::ScalarType dtype,
+                                            ReduceOp op) {
+  std::vector<at::Tensor> all;
+  for (int r = 0; r < world; ++r) all.push_back(input_for(r, n, dtype, op).to(at::kDouble));
+  const auto s = at::stack(all);
+  at::Tensor v;
+  switch (op) {
+    case ReduceOp::kSum: v = s.sum(0); break;
+    case ReduceOp::kAvg: v = s.mean(0); break;
+    case ReduceOp::kMin: v = std::get<0>(s.min(0)); break;
+    case ReduceOp::kMax: v = std::get<0>(s.max(0)); break;
+    case ReduceOp::kProduct: v = s.prod(0); break;
+  }
+  at::Tensor scale = op == ReduceOp::kProduct ? v.abs() : s.abs().sum(0);
+  if (op == ReduceOp::kAvg) scale = scale / world;
+  return {v, scale};
+}
+
+double epsilon(at::ScalarType dtype) {
+  switch (dtype) {
+    case at::kFloat: return 1.1920929e-07;
+    case at::kDouble: return 2.220446049250313e-16;
+    case at::kHalf: return 9.765625e-04;
+    case at::kBFloat16: return 7.8125e-03;
+    default: return 0;
+  }
+}
+
+bool exact(at::ScalarType dtype, ReduceOp op) {
+  return !at::isFloatingType(dtype) || op == ReduceOp::kMin || op == ReduceOp::kMax;
+}
+
+// The tolerance for results of two summation (or multiplication) orders, and against float64:
+// every pairwise step of a p-rank reduction rounds once (16-bit floats round after every step,
+// as the Gloo path does), so each result is within (p-1) eps * sum|x_r| of the exact value and
+// two orders differ by at most twice that; avg adds one rounding of the quotient. We allow
+// 2 p eps * scale + eps |value|, scale = sum|x_r| (sum), sum|x_r| / p (avg), |product| (product).
+// Integers, min and max must be exact.
+void expect_close(const at::Tensor& got, const at::Tensor& want, const at::Tensor& scale,
+                  int world, at::ScalarType dtype, ReduceOp op, const std::string& what) {
+  if (exact(dtype, op)) {
+    EXPECT_TRUE(at::equal(got.to(at::kDouble), want.to(at::kDouble))) << what;
+    return;
+  }
+  ASSERT_EQ(got.numel(), want.numel()) << what;
+  if (got.numel() == 0) return;
+  const double eps = epsilon(dtype);
+  const auto g = got.to(at::kDouble);
+  const auto w = want.to(at::kDouble);
+  const auto bound = 2.0 * world * eps * scale + eps * w.abs() + 1e-300;
+  const auto excess = ((g - w).abs() - bound).max().item<double>();
+  EXPECT_LE(excess, 0.0) << what;
+}
+
+std::string label(at::ScalarType dtype, ReduceOp op, int64_t n, int rank) {
+  return std::string(to_string(op)) + " " + c10::toString(dtype) + " n=" + std::to_string(n) +
+         " rank " + std::to_string(rank);
+}
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(ShmAllreduce, UsedExactlyWhenEveryRankWantsItAndLeavesNothingBehind) {
+  const pid_t pid = ::getpid();
+  ASSERT_EQ(shm_mappings(), 0);
+  // Two ranks, on: one segment each, already unlinked once connect returned.
+  run_threads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = connect_gloo(store, rank, 2, shm_options());
+    comm->barrier()->wait();
+    EXPECT_EQ(shm_mappings(), 2);
+    EXPECT_EQ(shm_files_of(pid), 0);
+    auto t = at::full({1000}, float(rank + 1));
+    comm->allreduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({1000}, 3.0f)));
+    comm->barrier()->wait();
+  });
+  EXPECT_EQ(shm_mappings(), 0);
+  EXPECT_EQ(shm_files_of(pid), 0);
+
+  // Off on one rank only: no rank uses it, and the results are still right.
+  run_threads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    GlooOptions o = shm_options();
+    o.shared_memory = rank == 0;
+    auto comm = connect_gloo(store, rank, 2, o);
+    comm->barrier()->wait();
+    EXPECT_EQ(shm_mappings(), 0);
+    auto t = at::full({1000}, float(rank + 1));
+    comm->allreduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({1000}, 3.0f)));
+  });
+
+  // A world of one needs no segment.
+  run_threads(1, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = connect_gloo(store, rank, 1, shm_options());
+    EXPECT_EQ(shm_mappings(), 0);
+  });
+}
+
+TEST(ShmAllreduce, SubGroupsGetTheirOwnSegment) {
+  const pid_t pid = ::getpid();
+  run_threads(3, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = connect_gloo(store, rank, 3, shm_options(64 << 10));
+    comm->barrier()->wait();
+    EXPECT_EQ(shm_mappings(), 3);
+    {
+      auto group = comm->new_group({0, 2});
+      auto half = comm->split(rank == 1 ? -1 : 0, 0);
+      comm->barrier()->wait();
+      EXPECT_EQ(shm_mappings(), 3 + 2 + 2);
+      if (rank != 1) {
+        for (auto& g : {group, half}) {
+          ASSERT_NE(g, nullptr);
+          auto t = at::full({100003}, float(rank));
+          g->allreduce(t, ReduceOp::kSum)->wait();
+          EXPECT_TRUE(at::equal(t, at::full({100003}, 2.0f)));
+        }
+      }
+      comm->barrier()->wait();
+    }
+    comm->barrier()->wait();
+    EXPECT_EQ(shm_mappings(), 3);
+    comm->barrier()->wait();
+  });
+  EXPECT_EQ(shm_mappings(), 0);
+  EXPECT_EQ(shm_files_of(pid), 0);
+}
+
+class ShmVersusTcp : public ::testing::TestWithParam<int> {};
+
+// Every dtype and op over sizes around and across many pipeline steps (4 KiB slots: 1024
+// float32 per step), against the TCP path and against float64; every rank bitwise the same.
+TEST_P(ShmVersusTcp, EveryDtypeAndOpAcrossManySegments) {
+  const int world = GetParam();
+  const std::vector<int64_t> sizes = {0, 1, 2, 3, 17, 1023, 1024, 1025, 3 * 4096 + 5, 100003};
+  std::vector<std::vector<at::Tensor>> results(world);  // [rank] -> shm results in order
+  run_threads(world, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto shm = connect_gloo(store, rank, world, shm_options(4096));
+    auto tcp = connect_gloo(store, rank, world, tcp_options());
+    for (int64_t n : sizes) {
+      for (auto dtype : kDtypes) {
+        for (auto op : kOps) {
+          if (op == ReduceOp::kAvg && !at::isFloatingType(dtype)) continue;
+          auto a = input_for(rank, n, dtype, op);
+          auto b = a.clone();
+          shm->allreduce(a, op)->wait();
+          tcp->allreduce(b, op)->wait();
+          const auto [want, scale] = reference(world, n, dtype, op);
+          const std::string what = label(dtype, op, n, rank);
+          expect_close(a, b, scale, world, dtype, op, what + " (shm vs tcp)");
+          expect_close(a, want, scale, world, dtype, op, what + " (shm vs float64)");
+          results[rank].push_back(a);
+        }
+      }
+    }
+  });
+  for (int r = 1; r < world; ++r) {
+    ASSERT_EQ(results[r].size(), results[0].size());
+    for (size_t i = 0; i < results[0].size(); ++i) {
+      const auto& x = results[0][i];
+      const auto& y = results[r][i];
+      ASSERT_EQ(x.numel(), y.numel());
+      EXPECT_EQ(std::memcmp(x.data_ptr(), y.data_ptr(), x.numel() * x.element_size()), 0)
+          << "result " << i << " (" << c10::toString(x.scalar_type()) << ", " << x.numel()
+          << " elements) differs between rank 0 and rank " << r;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmVersusTcp, ::testing::Values(2, 3, 4),
+                         [](const auto& info) { return "world" + std::to_string(info.param); });
+
+// Default slot size: a 64 MiB tensor plus an odd tail goes in many steps through both buffers;
+// a non-contiguous view of a large tensor comes back into the caller's strides.
+TEST(ShmAllreduce, LargeTensorsWithTheDefaultSlot) {
+  run_threads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = connect_gloo(store, rank, 2, shm_options());
+    const int64_t n = (int64_t(64) << 20) / 4 + 3;
+    auto t = (at::arange(n, at::kInt) % 1000 + rank).to(at::kFloat);
+    comm->allreduce(t)->wait();
+    EXPECT_TRUE(at::equal(t, ((at::arange(n, at::kInt) % 1000) * 2 + 1).to(at::kFloat)));
+    auto base = at::arange(3000 * 1001, at::kDouble).reshape({3000, 1001}) + rank;
+    auto view = base.t();
+    comm->allreduce(view, ReduceOp::kAvg)->wait();
+    EXPECT_TRUE(at::equal(base, at::arange(3000 * 1001, at::kDouble).reshape({3000, 1001}) + 0.5));
+  });
+}
+
+// Ranks issuing different allreduces: a CommError naming both, at once, instead of garbage.
+TEST(ShmAllreduce, MismatchedSizesFailAtOnceOnEveryRank) {
+  run_threads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = connect_gloo(store, rank, 2, shm_options(4096, 60s));
+    auto t = at::ones({rank == 0 ? 100 : 5000});
+    const auto start = Clock::now();
+    std::string msg;
+    try {
+      comm->allreduce(t)->wait();
+    } catch (const CommError& e) {
+      msg = e.what();
+    }
+    EXPECT_LT(seconds_since(start), 10.0);
+    EXPECT_NE(msg.find("different collectives"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("400 B float32"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("19.53 KiB float32"), std::string::npos) << msg;
+  });
+}
+
+// abort() on the waiting rank itself (from another thread) and on the peer both end a wait that
+// would otherwise last the 60 s timeout.
+TEST(ShmAllreduce, AbortUnblocksAWaitingAllreduce) {
+  for (const bool abort_on_waiter : {true, false}) {
+    std::atomic<bool> done{false};
+    run_threads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+      auto comm = connect_gloo(store, rank, 2, shm_options(4096, 60s));
+      comm->barrier()->wait();
+      if (rank == 1) {  // never issues the allreduce
+        if (!abort_on_waiter) {
+          std::this_thread::sleep_for(300ms);
+          comm->abort("test: peer gives up");
+        }
+        while (!done) std::this_thread::sleep_for(5ms);
+        return;
+      }
+      std::thread aborter;
+      if (abort_on_waiter) {
+        aborter = std::thread([&] {
+          std::this_thread::sleep_for(300ms);
+          comm->abort("test: local abort");
+        });
+      }
+      auto t = at::ones({100000});
+      const auto start = Clock::now();
+      std::string msg;
+      try {
+        comm->allreduce(t)->wait();
+      } catch (const CommError& e) {
+        msg = e.what();
+      }
+      done = true;
+      if (aborter.joinable()) aborter.join();
+      EXPECT_LT(seconds_since(start), 10.0) << msg;
+      EXPECT_NE(msg.find("allreduce #1"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(abort_on_waiter ? "aborted on this rank" : "rank 1 (world rank 1) aborted"),
+                std::string::npos)
+          << msg;
+    });
+  }
+}
+
+// A peer that destroys its communicator while this rank waits for it: CommError at once.
+TEST(ShmAllreduce, PeerLeavingFailsTheWaiterAtOnce) {
+  std::atomic<bool> rank0_waiting{false};
+  run_threads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = connect_gloo(store, rank, 2, shm_options(4096, 60s));
+    comm->barrier()->wait();
+    if (rank == 1) {
+      while (!rank0_waiting) std::this_thread::sleep_for(5ms);
+      std::this_thread::sleep_for(200ms);
+      return;  // destroys the communicator without issuing the allreduce
+    }
+    auto t = at::ones({100000});
+    auto work = comm->allreduce(t);
+    rank0_waiting = true;
+    const auto start = Clock::now();
+    std::string msg;
+    try {
+      work->wait();
+    } catch (const CommError& e) {
+      msg = e.what();
+    }
+    EXPECT_LT(seconds_since(start), 10.0) << msg;
+    EXPECT_NE(msg.find("destroyed its communicator"), std::string::npos) << msg;
+  });
+}
+
+// A hung peer (never contributes) ends in TimeoutError within the op timeout; the wait inside
+// the engine is bounded too (the op thread finishes, so the communicator can be destroyed).
+TEST(ShmAllreduce, HungPeerTimesOut) {
+  std::atomic<bool> rank0_done{false};
+  run_threads(2, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    auto comm = connect_gloo(store, rank, 2, shm_options(4096, 500ms));
+    comm->barrier()->wait();
+    if (rank == 1) {
+      while (!rank0_done) std::this_thread::sleep_for(5ms);
+      return;
+    }
+    auto t = at::ones({100000});
+    const auto start = Clock::now();
+    std::string msg;
+    try {
+      comm->allreduce(t)->wait(10s);  // the engine's own 500 ms bound must fire first
+    } catch (const TimeoutError& e) {
+      msg = e.what();
+    }
+    rank0_done = true;
+    EXPECT_LT(seconds_since(start), 5.0) << msg;
+    EXPECT_NE(msg.find("timed out"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("waiting for rank 1 (world rank 1) to contribute segment 1 of"),
+              std::string::npos)
+        << msg;
+  });
+}
+
+// ---- ranks as real processes: the test binary re-executes itself as a worker ----------------
+
+constexpr const char* kRoleVar = "TANDEM_SHM_TEST_ROLE";
+
+// Output of a worker goes to a file; every wait on it is bounded.
+struct Worker {
+  pid_t pid = -1;
+  std::string out_path;
+  int status = 0;
+  bool reaped = false;
+
+  std::string output() const {
+    std::ifstream in(out_path);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  bool wait_for_output(const std::string& needle, std::chrono::milliseconds timeout) const {
+    const auto end = Clock::now() + timeout;
+    while (Clock::now() < end) {
+      if (output().find(needle) != std::string::npos) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+  // Reaps within `timeout`; SIGKILLs it after that (returns false).
+  bool reap(std::chrono::milliseconds timeout) {
+    const auto end = Clock::now() + timeout;
+    while (!reaped) {
+      const pid_t r = ::waitpid(pid, &status, WNOHANG);
+      if (r == pid) {
+        reaped = true;
+        break;
+      }
+      if (Clock::now() >= end) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        reaped = true;
+        return false;
+      }
+      std::this_thread::sleep_for(10ms);
+    }
+    return true;
+  }
+  ~Worker() {
+    if (pid > 0 && !reaped) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+  }
+};
+
+std::unique_ptr<Worker> spawn_worker(const std::string& dir, int rank, const std::string& role,
+                                     const std::string& timeout_ms) {
+  auto w = std::make_unique<Worker>();
+  w->out_path = dir + "/rank" + std::to_string(rank) + ".out";
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) env.emplace_back(*e);
+  env.push_back(std::string(kRoleVar) + "=" + role);
+  env.push_back("TANDEM_SHM_TEST_RANK=" + std::to_string(rank));
+  env.push_back("TANDEM_SHM_TEST_STORE=" + dir + "/store");
+  env.push_back("TANDEM_SHM_TEST_TIMEOUT_MS=" + timeout_ms);
+  env.push_back("OMP_NUM_THREADS=1");
+  std::vector<char*> envp;
+  for (auto& s : env) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::string exe = "/proc/self/exe";
+  std::string filter = "--gtest_filter=ShmAllreduceWorker.RunsTheRoleFromTheEnvironment";
+  std::vector<char*> argv = {exe.data(), filter.data(), nullptr};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, w->out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  const int rc = ::posix_spawn(&w->pid, exe.c_str(), &actions, nullptr, argv.data(), envp.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) throw std::runtime_error("posix_spawn failed: " + std::string(std::strerror(rc)));
+  return w;
+}
+
+std::string make_temp_dir() {
+  char tmpl[] = "/tmp/tandem-shm-test-XXXXXX";
+  const char* d = ::mkdtemp(tmpl);
+  if (d == nullptr) throw std::runtime_error("mkdtemp failed");
+  return d;
+}
+
+// Worker "loop": allreduces 16 MiB (16 pipeline steps) until the test stops or kills the peer;
+// prints what it caught.
+int worker_loop(Communicator& comm) {
+  auto t = at::ones({(16 << 20) / 4});
+  const auto deadline = Clock::now() + 60s;
+  Clock::time_point start;
+  try {
+    for (int i = 0; Clock::now() < deadline; ++i) {
+      start = Clock::now();
+      comm.allreduce(t)->wait();
+      if (i == 0) {
+        std::printf("RUNNING\n");
+        std::fflush(stdout);
+      }
+    }
+    std::printf("no error within 60 s\n");
+  } catch (const TimeoutError& e) {
+    std::printf("CAUGHT TimeoutError after %.2f s: %s\n", seconds_since(start), e.what());
+    return 0;
+  } catch (const CommError& e) {
+    std::printf("CAUGHT CommError after %.2f s: %s\n", seconds_since(start), e.what());
+    return 0;
+  }
+  return 1;
+}
+
+double process_cpu_seconds() {
+  rusage u;
+  ::getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// Worker "bench": float32 sum allreduce over TCP (shared_memory = false) and shared memory,
+// alternating, five rounds; rank 0 prints the median and best wall time per op (the slower rank's)
+// and the median CPU time per op and rank (all threads of the process).
+int worker_bench(Communicator& shm, Communicator& tcp) {
+  struct Size {
+    int64_t bytes;
+    int iterations;
+  };
+  const Size sizes[] = {{4 << 10, 2000}, {1 << 20, 200}, {16 << 20, 30}, {64 << 20, 10}};
+  for (const Size& size : sizes) {
+    auto t = at::ones({size.bytes / 4});
+    for (Communicator* comm : {&tcp, &shm}) {
+      std::vector<double> wall, cpu;
+      for (int round = 0; round < 5; ++round) {
+        comm->allreduce(t)->wait();  // warm-up
+        comm->barrier()->wait();
+        const double cpu0 = process_cpu_seconds();
+        const auto start = Clock::now();
+        for (int i = 0; i < size.iterations; ++i) comm->allreduce(t)->wait();
+        auto stats = at::tensor({seconds_since(start), process_cpu_seconds() - cpu0}, at::kDouble);
+        comm->allreduce(stats, ReduceOp::kMax)->wait();
+        wall.push_back(stats[0].item<double>() / size.iterations);
+        cpu.push_back(stats[1].item<double>() / size.iterations);
+      }
+      std::sort(wall.begin(), wall.end());
+      std::sort(cpu.begin(), cpu.end());
+      if (comm->rank() == 0) {
+        // Bus bandwidth of an allreduce: bytes * 2 (p - 1) / p / time (= bytes / time for p = 2).
+        const double p = comm->size();
+        std::printf("BENCH %-4s %9.0f KiB: median %8.3f ms (best %8.3f)  bus bandwidth %6.2f GB/s "
+                    "(best %6.2f)  CPU %8.3f ms/op/rank\n",
+                    comm == &shm ? "shm" : "tcp", size.bytes / 1024.0, wall[2] * 1e3, wall[0] * 1e3,
+                    size.bytes * 2 * (p - 1) / p / wall[2] / 1e9,
+                    size.bytes * 2 * (p - 1) / p / wall[0] / 1e9, cpu[2] * 1e3);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
+
+// Worker side of the multi-process tests: two ranks over a FileStore.
+TEST(ShmAllreduceWorker, RunsTheRoleFromTheEnvironment) {
+  const char* role = std::getenv(kRoleVar);
+  if (role == nullptr) GTEST_SKIP() << "helper for the multi-process tests below";
+  const int rank = std::atoi(std::getenv("TANDEM_SHM_TEST_RANK"));
+  auto store = c10::make_intrusive<c10d::FileStore>(std::getenv("TANDEM_SHM_TEST_STORE"), 2);
+  const auto timeout =
+      std::chrono::milliseconds(std::atoi(std::getenv("TANDEM_SHM_TEST_TIMEOUT_MS")));
+  int rc = 1;
+  {
+    auto comm = connect_gloo(store, rank, 2, shm_options(1 << 20, timeout));
+    std::printf("CONNECTED rank %d pid %d mappings %d files %d\n", rank, int(::getpid()),
+                shm_mappings(), shm_files_of(::getpid()));
+    std::fflush(stdout);
+    if (std::string(role) == "bench") {
+      GlooOptions tcp = tcp_options();
+      tcp.timeout = timeout;
+      rc = worker_bench(*comm, *connect_gloo(store, rank, 2, tcp));
+    } else {
+      rc = worker_loop(*comm);
+    }
+  }
+  std::fflush(stdout);
+  std::_Exit(rc);
+}
+
+struct ProcessCase {
+  int victim;      // rank the test stops or kills mid-allreduce
+  int signal;      // SIGKILL or SIGSTOP
+  const char* timeout_ms;
+  const char* caught;
+};
+
+void run_process_case(const ProcessCase& c) {
+  const std::string dir = make_temp_dir();
+  auto r0 = spawn_worker(dir, 0, "loop", c.timeout_ms);
+  auto r1 = spawn_worker(dir, 1, "loop", c.timeout_ms);
+  Worker* workers[2] = {r0.get(), r1.get()};
+  for (Worker* w : workers) {
+    ASSERT_TRUE(w->wait_for_output("RUNNING", 40s)) << w->output();
+    EXPECT_NE(w->output().find("mappings 1 files 0"), std::string::npos) << w->output();
+  }
+  std::this_thread::sleep_for(200ms);  // well inside the loop of allreduces
+  Worker* victim = workers[c.victim];
+  Worker* survivor = workers[1 - c.victim];
+  ASSERT_EQ(::kill(victim->pid, c.signal), 0);
+  const auto start = Clock::now();
+  // The victim stays unreaped (a zombie after SIGKILL) until the survivor is done.
+  EXPECT_TRUE(survivor->reap(30s)) << survivor->output();
+  const double took = seconds_since(start);
+  ::kill(victim->pid, SIGKILL);
+  victim->reap(10s);
+  const std::string out = survivor->output();
+  EXPECT_TRUE(WIFEXITED(survivor->status) && WEXITSTATUS(survivor->status) == 0) << out;
+  EXPECT_NE(out.find(c.caught), std::string::npos) << out;
+  EXPECT_NE(out.find("allreduce #"), std::string::npos) << out;
+  EXPECT_LT(took, 20.0) << out;
+  // Nothing left in /dev/shm by the creator (rank 0), whichever rank died.
+  EXPECT_EQ(shm_files_of(r0->pid), 0);
+  std::remove((dir + "/rank0.out").c_str());
+  std::remove((dir + "/rank1.out").c_str());
+  std::remove((dir + "/store").c_str());
+  ::rmdir(dir.c_str());
+}
+
+TEST(ShmAllreduceProcesses, PeerKilledMidAllreduceRaisesCommErrorLongBeforeTheTimeout) {
+  run_process_case({1, SIGKILL, "30000", "CAUGHT CommError"});
+}
+
+TEST(ShmAllreduceProcesses, CreatorKilledMidAllreduceRaisesCommError) {
+  run_process_case({0, SIGKILL, "30000", "CAUGHT CommError"});
+}
+
+TEST(ShmAllreduceProcesses, PeerStoppedMidAllreduceRaisesTimeoutError) {
+  run_process_case({1, SIGSTOP, "2000", "CAUGHT TimeoutError"});
+}
+
+// Not a check: prints allreduce timings of two processes, shared memory versus TCP loopback
+// (docs/collectives.md quotes it):
+//   TANDEM_SHM_BENCH=1 build/bin/tandem_unit_tests --gtest_filter='ShmAllreduceBench.*'
+TEST(ShmAllreduceBench, TwoProcessesSharedMemoryVersusTcp) {
+  if (std::getenv("TANDEM_SHM_BENCH") == nullptr) GTEST_SKIP() << "set TANDEM_SHM_BENCH=1 to run";
+  const std::string dir = make_temp_dir();
+  auto r0 = spawn_worker(dir, 0, "bench", "60000");
+  auto r1 = spawn_worker(dir, 1, "bench", "60000");
+  EXPECT_TRUE(r0->reap(600s));
+  EXPECT_TRUE(r1->reap(60s));
+  std::istringstream out(r0->output());
+  for (std::string line; std::getline(out, line);) {
+    if (line.rfind("BENCH", 0) == 0) std::printf("%s\n", line.c_str());
+  }
+  EXPECT_TRUE(WIFEXITED(r0->status) && WEXITSTATUS(r0->status) == 0) << r1->output();
+  std::remove((dir + "/rank0.out").c_str());
+  std::remove((dir + "/rank1.out").c_str());
+  std::remove((dir + "/store").c_str());
+  ::rmdir(dir.c_str());
+}
+
+}  // namespace
+}  // namespace tandem
