@@ -473,7 +473,9 @@ TEST_P(DataParallelWorlds, GradientAsBucketViewMatchesCopiesAndKeepsGradsInBucke
     const int rank = comm.rank();
     auto plain_model = plain_models[rank];
     auto view_model = view_models[rank];
-    DataParallel plain(plain_model, borrow(comm), small_buckets());
+    DataParallelOptions copies = small_buckets();
+    copies.gradient_as_bucket_view = false;
+    DataParallel plain(plain_model, borrow(comm), copies);
     auto codec = std::make_shared<RecordingCodec>();
     DataParallelOptions options = small_buckets();
     options.gradient_as_bucket_view = true;

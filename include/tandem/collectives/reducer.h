@@ -37,7 +37,7 @@ struct ReducerOptions {
   double bucket_cap_mb = 25.0;
   double first_bucket_cap_mb = 1.0;
   bool find_unused_parameters = false;
-  bool gradient_as_bucket_view = false;
+  bool gradient_as_bucket_view = true;
 };
 
 // Groups parameter indices (taken in `order`) into buckets of one dtype: a bucket closes once its
