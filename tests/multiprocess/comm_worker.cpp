@@ -2,6 +2,8 @@
 // and runs one scenario. Exit codes: 0 scenario passed, 1 scenario failed, 4 ConfigError,
 // 5 TimeoutError, 6 CommError, 7 other tandem::Error. Every tandem error is printed as
 // "tandem error (<Type>): <message>".
+#include "worker_main.h"
+
 #include <tandem/tandem.h>
 
 #include <ATen/ATen.h>
@@ -72,27 +74,12 @@ int peer_fails(tandem::Communicator& comm, int signal) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "verify";
-  try {
-    auto dist = tandem::init();
-    std::printf("connected %s\n", dist.env.describe().c_str());
-    std::fflush(stdout);
+  return tandem::testing::run_worker([&](tandem::Distributed& dist) {
     if (mode == "verify") return verify(*dist.world);
     if (mode == "peer-dies") return peer_fails(*dist.world, SIGKILL);
     if (mode == "peer-hangs") return peer_fails(*dist.world, SIGSTOP);
     if (mode == "init-only") return 0;
     std::printf("unknown mode %s\n", mode.c_str());
     return 1;
-  } catch (const tandem::ConfigError& e) {
-    std::printf("tandem error (ConfigError): %s\n", e.what());
-    return 4;
-  } catch (const tandem::TimeoutError& e) {
-    std::printf("tandem error (TimeoutError): %s\n", e.what());
-    return 5;
-  } catch (const tandem::CommError& e) {
-    std::printf("tandem error (CommError): %s\n", e.what());
-    return 6;
-  } catch (const tandem::Error& e) {
-    std::printf("tandem error (Error): %s\n", e.what());
-    return 7;
-  }
+  });
 }

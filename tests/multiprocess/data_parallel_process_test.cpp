@@ -1,14 +1,11 @@
 // DataParallel with ranks as real processes: dp_worker trains under tandemrun and every rank must
 // end with the same parameter bytes; one step matches the full-batch gradient in every process;
 // a mismatched model fails on every rank without hanging.
+#include "process_env.h"
 #include "tandemrun_process.h"
 
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <map>
@@ -23,12 +20,11 @@ using launcher_test::clean_env;
 using launcher_test::RunResult;
 using launcher_test::TandemrunProcess;
 using namespace std::chrono_literals;
+using testing::contains;
+using testing::free_port;
+using testing::rank_env;
 
 std::string dp_worker() { return DP_WORKER_PATH; }
-
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
-}
 
 // rank -> the rest of the line after "[rank R]: <key> ".
 std::map<int, std::string> values_after(const std::string& out, const std::string& key) {
@@ -41,32 +37,6 @@ std::map<int, std::string> values_after(const std::string& out, const std::strin
     if (text.rfind(key + " ", 0) == 0) values[rank] = text.substr(key.size() + 1);
   }
   return values;
-}
-
-// A port nobody listens on right now.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::vector<std::string> rank_env(int rank, int world, int port) {
-  auto env = clean_env();
-  env.push_back("RANK=" + std::to_string(rank));
-  env.push_back("WORLD_SIZE=" + std::to_string(world));
-  env.push_back("LOCAL_RANK=" + std::to_string(rank));
-  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(world));
-  env.push_back("MASTER_ADDR=127.0.0.1");
-  env.push_back("MASTER_PORT=" + std::to_string(port));
-  env.push_back("TANDEM_TIMEOUT_S=10");
-  env.push_back("OMP_NUM_THREADS=1");
-  return env;
 }
 
 class DataParallelProcesses : public ::testing::TestWithParam<int> {};
@@ -121,7 +91,7 @@ TEST(DataParallelProcess, MismatchedModelFailsOnEveryRankWithoutHanging) {
   std::vector<std::unique_ptr<TandemrunProcess>> workers;
   for (int rank = 0; rank < 2; ++rank) {
     workers.push_back(std::make_unique<TandemrunProcess>(
-        std::vector<std::string>{dp_worker(), "mismatch"}, rank_env(rank, 2, port),
+        std::vector<std::string>{dp_worker(), "mismatch"}, rank_env(rank, 2, port, "10"),
         /*through_tandemrun=*/false));
   }
   for (int rank = 0; rank < 2; ++rank) {

@@ -9,6 +9,8 @@
 //   mismatch       rank 1 builds a wider hidden layer; construction must fail on every rank.
 // Exit codes: 0 scenario passed, 1 scenario failed, 4 ConfigError, 5 TimeoutError, 6 CommError,
 // 7 other tandem::Error, each printed as "tandem error (<Type>): <message>".
+#include "worker_main.h"
+
 #include <tandem/tandem.h>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -125,26 +127,11 @@ int mismatch(tandem::Communicator& comm) {
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "train";
   at::set_num_threads(1);
-  try {
-    auto dist = tandem::init();
-    std::printf("connected %s\n", dist.env.describe().c_str());
-    std::fflush(stdout);
+  return tandem::testing::run_worker([&](tandem::Distributed& dist) {
     if (mode == "train") return train(*dist.world, argc > 2 ? std::stoi(argv[2]) : 20);
     if (mode == "check-grads") return check_grads(*dist.world);
     if (mode == "mismatch") return mismatch(*dist.world);
     std::printf("unknown mode %s\n", mode.c_str());
     return 1;
-  } catch (const tandem::ConfigError& e) {
-    std::printf("tandem error (ConfigError): %s\n", e.what());
-    return 4;
-  } catch (const tandem::TimeoutError& e) {
-    std::printf("tandem error (TimeoutError): %s\n", e.what());
-    return 5;
-  } catch (const tandem::CommError& e) {
-    std::printf("tandem error (CommError): %s\n", e.what());
-    return 6;
-  } catch (const tandem::Error& e) {
-    std::printf("tandem error (Error): %s\n", e.what());
-    return 7;
-  }
+  });
 }

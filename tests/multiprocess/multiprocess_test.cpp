@@ -1,13 +1,10 @@
 // Collectives across real processes: a 4-rank run through tandemrun, and the failure cases with
 // workers started directly (tandemrun would stop the survivors, hiding the error they raise).
+#include "process_env.h"
 #include "tandemrun_process.h"
 
 #include <gtest/gtest.h>
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include <memory>
 #include <string>
@@ -20,42 +17,15 @@ using launcher_test::clean_env;
 using launcher_test::RunResult;
 using launcher_test::TandemrunProcess;
 using launcher_test::worker_path;
+using testing::contains;
+using testing::free_port;
+using testing::rank_env;
 using namespace std::chrono_literals;
-
-// A port nobody listens on right now.
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::vector<std::string> rank_env(int rank, int world, int port, const std::string& timeout_s) {
-  auto env = clean_env();
-  env.push_back("RANK=" + std::to_string(rank));
-  env.push_back("WORLD_SIZE=" + std::to_string(world));
-  env.push_back("LOCAL_RANK=" + std::to_string(rank));
-  env.push_back("LOCAL_WORLD_SIZE=" + std::to_string(world));
-  env.push_back("MASTER_ADDR=127.0.0.1");
-  env.push_back("MASTER_PORT=" + std::to_string(port));
-  env.push_back("TANDEM_TIMEOUT_S=" + timeout_s);
-  env.push_back("OMP_NUM_THREADS=1");
-  return env;
-}
 
 std::unique_ptr<TandemrunProcess> start_worker(const std::vector<std::string>& env,
                                                const std::string& mode) {
   return std::make_unique<TandemrunProcess>(std::vector<std::string>{worker_path(), mode}, env,
                                             /*through_tandemrun=*/false);
-}
-
-bool contains(const std::string& text, const std::string& needle) {
-  return text.find(needle) != std::string::npos;
 }
 
 TEST(Multiprocess, FourRanksThroughTandemrunVerifyEveryCollective) {
