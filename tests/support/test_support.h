@@ -4,9 +4,25 @@
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
 
+#include <c10/util/intrusive_ptr.h>
+
 #include <functional>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
 
 namespace tandem::testing {
+
+// Every dtype and reduce op the collectives support.
+extern const std::vector<at::ScalarType> kAllDtypes;
+extern const std::vector<ReduceOp> kAllReduceOps;
+
+// Runs `body(rank, store)` on `world` threads sharing one fresh HashStore (each thread connects
+// whatever communicators it needs). Joins all threads, then rethrows the first exception.
+void run_threads(int world,
+                 const std::function<void(int rank, c10::intrusive_ptr<c10d::Store> store)>& body);
 
 // Runs `body(comm)` on `world` threads, each holding a Gloo communicator connected through a fresh
 // shared HashStore. Joins all threads, then rethrows the first exception any rank threw.

@@ -12,11 +12,8 @@ namespace {
 
 using testing::run_ranks;
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf,
-                                             at::kBFloat16, at::kChar, at::kByte,
-                                             at::kShort, at::kInt, at::kLong};
-const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
-                                    ReduceOp::kMax, ReduceOp::kProduct};
+const auto& kDtypes = testing::kAllDtypes;
+const auto& kOps = testing::kAllReduceOps;
 
 // Small integers, so sums and products are exact in every dtype (int8 and bfloat16 included).
 at::Tensor input_for(int rank, int64_t n, at::ScalarType dtype, ReduceOp op) {

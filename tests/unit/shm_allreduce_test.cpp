@@ -47,6 +47,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using namespace std::chrono_literals;
+using testing::run_threads;
 
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
@@ -72,27 +73,6 @@ int shm_files_of(pid_t pid) {
   return n;
 }
 
-// Ranks as threads over one HashStore, each with its own options and communicators made by
-// `connect` (so one rank can hold several communicators).
-void run_threads(int world, const std::function<void(int rank, c10::intrusive_ptr<c10d::Store>)>& body) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::mutex mutex;
-  std::exception_ptr first_error;
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        body(rank, store);
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex);
-        if (!first_error) first_error = std::current_exception();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  if (first_error) std::rethrow_exception(first_error);
-}
-
 GlooOptions shm_options(size_t slot_bytes = GlooOptions().shared_memory_slot_bytes,
                         std::chrono::milliseconds timeout = 60s) {
   GlooOptions o;
@@ -110,11 +90,8 @@ GlooOptions tcp_options() {
   return o;
 }
 
-const std::vector<at::ScalarType> kDtypes = {at::kFloat, at::kDouble, at::kHalf,
-                                             at::kBFloat16, at::kChar, at::kByte,
-                                             at::kShort, at::kInt, at::kLong};
-const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin,
-                                    ReduceOp::kMax, ReduceOp::kProduct};
+const auto& kDtypes = testing::kAllDtypes;
+const auto& kOps = testing::kAllReduceOps;
 
 // Deterministic inputs. Floats: irregular values of both signs for sums (so rounding differs
 // between summation orders), in [0.6, 1.4] for products. Integers: small, so nothing overflows.
