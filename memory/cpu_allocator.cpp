@@ -23,10 +23,13 @@ constexpr std::size_t kHeader = sizeof(Header);
 constexpr std::size_t kAlign = 64;  // c10::gAlignment
 static_assert(kHeader == 64, "header must keep data 64-byte aligned");
 
-void free_tensor_memory(void* ctx) {
-  if (ctx == nullptr) return;
-  auto* h = static_cast<Header*>(ctx);
-  h->resource->deallocate(ctx, h->bytes, kAlign);
+// The context is the data pointer itself (c10's raw_allocate()/raw_deallocate() require it);
+// the header sits just before it.
+void free_tensor_memory(void* data) {
+  if (data == nullptr) return;
+  void* base = static_cast<char*>(data) - kHeader;
+  auto* h = static_cast<Header*>(base);
+  h->resource->deallocate(base, h->bytes, kAlign);
 }
 
 class TandemCpuAllocator final : public c10::Allocator {
@@ -41,11 +44,13 @@ class TandemCpuAllocator final : public c10::Allocator {
     auto* h = static_cast<Header*>(base);
     h->resource = resource_.get();
     h->bytes = total;
-    return {static_cast<char*>(base) + kHeader, base, &free_tensor_memory, cpu};
+    void* data = static_cast<char*>(base) + kHeader;
+    return {data, data, &free_tensor_memory, cpu};
   }
 
-  // data != context, so there is no raw deleter (c10 then never frees by data pointer alone).
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
+  // Every DataPtr carries this deleter with context == data, so kernels that allocate raw
+  // (GELU's scratch, for one) may free by data pointer alone.
+  c10::DeleterFnPtr raw_deleter() const override { return &free_tensor_memory; }
 
 #if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   void copy_data(void* dest, const void* src, std::size_t count) const override {

@@ -1,8 +1,10 @@
 // tandem as libtorch's CPU allocator: identical training, leak detection through libtorch,
 // a clean loop that reports nothing, and out-of-memory under a cap.
+#include <c10/core/CPUAllocator.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -80,6 +82,23 @@ TEST(TorchAllocator, TrainingGivesIdenticalResults) {
   }
   EXPECT_EQ(tmem::installed_cpu_resource(), nullptr);
   EXPECT_TRUE(torch::equal(reference, with_tandem));
+}
+
+// Kernels that allocate through c10's raw_allocate()/raw_deallocate() (GELU's backward did, with a
+// zero-size scratch) need a raw deleter: before it existed they aborted on an internal assert.
+TEST(TorchAllocator, RawAllocationsWorkAndKernelsUsingThemRun) {
+  Installed inst{tmem::HostMemoryStackOptions{}};
+  c10::Allocator* cpu = c10::GetCPUAllocator();
+  ASSERT_NE(cpu->raw_deleter(), nullptr);
+  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4096}}) {
+    void* p = cpu->raw_allocate(n);
+    if (n > 0) std::memset(p, 0xab, n);
+    cpu->raw_deallocate(p);
+  }
+  auto x = torch::randn({32, 16}, torch::requires_grad());
+  torch::gelu(x).sum().backward();
+  EXPECT_TRUE(x.grad().defined());
+  EXPECT_TRUE(torch::isfinite(x.grad()).all().item<bool>());
 }
 
 TEST(TorchAllocator, PlantedLeakIsReportedWithin30Steps) {
