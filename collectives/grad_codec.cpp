@@ -1,8 +1,48 @@
 #include <tandem/collectives/grad_codec.h>
 
-#include <atomic>
+#include <tandem/errors.h>
+
+#include "codec_wire.h"
 
 namespace tandem {
+
+GradCodec::GradCodec() = default;
+GradCodec::~GradCodec() = default;
+
+WorkPtr GradCodec::reduce(Communicator& comm, GradBucket& bucket) {
+  if (!wire_) {
+    wire_ = std::make_shared<CountingCommunicator>(comm);
+  } else if (&wire_->inner() != &comm) {
+    throw ConfigError("tandem: gradient codec '" + name() +
+                      "' was used with a second communicator; its state (residuals, factors) "
+                      "belongs to one group of ranks. Create one codec per DataParallel.");
+  }
+  if (bucket.index == 0) {  // bucket 0 opens every synchronised step
+    wire_->start_step();
+    uncompressed_bytes_ = 0;
+  }
+  uncompressed_bytes_ += CountingCommunicator::allreduce_bytes(
+      static_cast<uint64_t>(bucket.buffer.numel()) * bucket.buffer.element_size(), comm.size());
+  return encode_and_reduce(*wire_, bucket);
+}
+
+void GradCodec::load_state(const std::map<std::string, at::Tensor>& state) {
+  if (state.empty()) return;
+  throw ConfigError("tandem: gradient codec '" + name() + "' keeps no state, but load_state() got " +
+                    std::to_string(state.size()) + " tensor(s), the first named '" +
+                    state.begin()->first +
+                    "'. The checkpoint was saved with another codec; configure the same codec "
+                    "to resume, or drop the codec state.");
+}
+
+uint64_t GradCodec::bytes_sent_last_step() const { return wire_ ? wire_->sent() : 0; }
+
+uint64_t GradCodec::uncompressed_bytes_last_step() const { return uncompressed_bytes_; }
+
+double GradCodec::compression_ratio() const {
+  const uint64_t sent = bytes_sent_last_step();
+  return sent == 0 ? 1.0 : static_cast<double>(uncompressed_bytes_last_step()) / sent;
+}
 
 namespace {
 
@@ -10,22 +50,10 @@ class AverageCodec final : public GradCodec {
  public:
   std::string name() const override { return "average"; }
 
-  WorkPtr reduce(Communicator& comm, GradBucket& bucket) override {
-    if (bucket.index == 0) bytes_this_step_ = 0;
-    const uint64_t bytes = static_cast<uint64_t>(bucket.buffer.numel()) *
-                           bucket.buffer.element_size();
-    // A ring all-reduce sends 2 (n-1)/n of the buffer from each rank.
-    const int n = comm.size();
-    bytes_this_step_ += n > 1 ? bytes * 2 * (n - 1) / n : 0;
-    bytes_last_step_ = bytes_this_step_.load();
-    return comm.allreduce(bucket.buffer, ReduceOp::kAvg);
+ protected:
+  WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) override {
+    return wire.allreduce(bucket.buffer, ReduceOp::kAvg);
   }
-
-  uint64_t bytes_sent_last_step() const override { return bytes_last_step_; }
-
- private:
-  std::atomic<uint64_t> bytes_this_step_{0};
-  std::atomic<uint64_t> bytes_last_step_{0};
 };
 
 }  // namespace

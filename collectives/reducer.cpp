@@ -444,6 +444,42 @@ std::vector<std::vector<int64_t>> Reducer::bucket_plan() const {
   return plan;
 }
 
+void Reducer::load_bucket_plan(const std::vector<std::vector<int64_t>>& plan) {
+  auto& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.mode == ReducerState::Mode::kSynchronizing) {
+    throw Error("tandem: Reducer::load_bucket_plan() called during a synchronised backward; load "
+                "the plan between steps.");
+  }
+  const int64_t n = static_cast<int64_t>(s.params.size());
+  std::vector<int> seen(s.params.size(), 0);
+  for (size_t b = 0; b < plan.size(); ++b) {
+    for (int64_t p : plan[b]) {
+      if (p < 0 || p >= n || seen[p]++) {
+        throw ConfigError("tandem: bucket plan: bucket " + std::to_string(b) + " lists parameter " +
+                          std::to_string(p) + ", which is out of range (the model has " +
+                          std::to_string(n) + ") or already in a bucket. The plan was saved for "
+                          "another model; resume with the model it was saved with.");
+      }
+      if (s.params[p].scalar_type() != s.params[plan[b].front()].scalar_type()) {
+        throw ConfigError("tandem: bucket plan: bucket " + std::to_string(b) +
+                          " mixes dtypes (parameter '" + s.names[p] + "'); the plan was saved "
+                          "for another model.");
+      }
+    }
+    if (plan[b].empty()) throw ConfigError("tandem: bucket plan: bucket " + std::to_string(b) + " is empty.");
+  }
+  for (int64_t p = 0; p < n; ++p) {
+    if (!seen[p]) {
+      throw ConfigError("tandem: bucket plan: parameter '" + s.names[p] +
+                        "' is in no bucket; the plan was saved for another model.");
+    }
+  }
+  s.build(plan);
+  s.rebuilt = true;
+  s.reset_iteration();
+}
+
 bool Reducer::buckets_rebuilt() const {
   std::lock_guard<std::mutex> lock(state_->mutex);
   return state_->rebuilt;

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 
 #include <map>
@@ -134,6 +135,54 @@ void DataParallelCore::post_forward(const std::vector<at::Tensor>& outputs) {
   } else {
     reducer_->prepare_for_accumulation();
   }
+}
+
+namespace {
+constexpr const char* kBucketSizes = "ddp/bucket_sizes";
+constexpr const char* kBucketParams = "ddp/bucket_params";
+}  // namespace
+
+std::map<std::string, at::Tensor> DataParallelCore::state() const {
+  std::map<std::string, at::Tensor> out = reducer_->codec().state();
+  if (reducer_->buckets_rebuilt()) {
+    std::vector<int64_t> sizes, params;
+    for (const auto& bucket : reducer_->bucket_plan()) {
+      sizes.push_back(static_cast<int64_t>(bucket.size()));
+      params.insert(params.end(), bucket.begin(), bucket.end());
+    }
+    out[kBucketSizes] = at::tensor(sizes, at::kLong);
+    out[kBucketParams] = at::tensor(params, at::kLong);
+  }
+  return out;
+}
+
+void DataParallelCore::load_state(const std::map<std::string, at::Tensor>& state) {
+  std::map<std::string, at::Tensor> codec_state = state;
+  auto sizes = codec_state.find(kBucketSizes);
+  auto params = codec_state.find(kBucketParams);
+  if ((sizes == codec_state.end()) != (params == codec_state.end())) {
+    throw ConfigError(std::string("tandem: DataParallel::load_state(): '") + kBucketSizes +
+                      "' and '" + kBucketParams + "' come together; the state is incomplete.");
+  }
+  if (sizes != codec_state.end()) {
+    const at::Tensor s = sizes->second.to(at::kLong).contiguous();
+    const at::Tensor p = params->second.to(at::kLong).contiguous();
+    std::vector<std::vector<int64_t>> plan;
+    int64_t offset = 0;
+    for (int64_t b = 0; b < s.numel(); ++b) {
+      const int64_t size = s.data_ptr<int64_t>()[b];
+      if (size < 0 || offset + size > p.numel()) {
+        throw ConfigError("tandem: DataParallel::load_state(): the saved bucket plan is "
+                          "inconsistent (sizes exceed the parameter list); the state is damaged.");
+      }
+      plan.emplace_back(p.data_ptr<int64_t>() + offset, p.data_ptr<int64_t>() + offset + size);
+      offset += size;
+    }
+    reducer_->load_bucket_plan(plan);
+    codec_state.erase(kBucketSizes);
+    codec_state.erase(kBucketParams);
+  }
+  reducer_->codec().load_state(codec_state);
 }
 
 DataParallelCore::NoSyncGuard::NoSyncGuard(DataParallelCore& core)

@@ -16,6 +16,8 @@
 //           communicator is tandem::init()'s, with its defaults (--transport tcp: a second
 //           communicator with GlooOptions::shared_memory = false)
 //   naive   after backward, for each parameter: world->allreduce(p.grad(), kAvg)->wait()
+// --codec NAME [--codec-param KEY=VALUE ...] gives DataParallel a gradient codec (make_codec();
+// scripts/bench-compression runs every codec this way) and adds its traffic to the JSON.
 // For the analysis only (not the defaults): --copy-grads sets
 // DataParallelOptions::gradient_as_bucket_view = false, --transport tcp keeps every op on TCP loopback.
 //
@@ -33,6 +35,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -124,6 +127,10 @@ int main(int argc, char** argv) {
   bool copy_grads = false;
   app.add_flag("--copy-grads", copy_grads,
                "tandem mode: DataParallelOptions::gradient_as_bucket_view = false (default true)");
+  std::string codec_name = "average";
+  std::vector<std::string> codec_params;
+  app.add_option("--codec", codec_name, "tandem mode: gradient codec (tandem::make_codec name)");
+  app.add_option("--codec-param", codec_params, "codec parameter KEY=VALUE (repeatable)");
   app.add_option("--out", out, "JSON file rank 0 writes (empty: stdout only)");
   try {
     app.parse(argc, argv);
@@ -155,6 +162,13 @@ int main(int argc, char** argv) {
     if (mode == "tandem") {
       tandem::DataParallelOptions options;  // defaults: 25 MiB buckets, first bucket 1 MiB
       if (copy_grads) options.gradient_as_bucket_view = false;
+      std::map<std::string, std::string> params;
+      for (const auto& kv : codec_params) {
+        const auto eq = kv.find('=');
+        if (eq == std::string::npos) throw std::runtime_error("--codec-param wants KEY=VALUE, got " + kv);
+        params[kv.substr(0, eq)] = kv.substr(eq + 1);
+      }
+      options.codec = tandem::make_codec(codec_name, params);
       ddp = std::make_unique<tandem::DataParallel<Mlp>>(model, comm, options);
     }
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
@@ -244,7 +258,12 @@ int main(int argc, char** argv) {
           << ", \"overlap_ms\": " << json_number(mean_over_ranks(kOverlap))
           << ", \"wait_ms\": " << json_number(mean_over_ranks(kWait))
           << ", \"overlap_mean_ms\": " << json_number(mean_over_ranks(kOverlapMean))
-          << ", \"wait_mean_ms\": " << json_number(mean_over_ranks(kWaitMean));
+          << ", \"wait_mean_ms\": " << json_number(mean_over_ranks(kWaitMean))
+          << ", \"codec\": \"" << ddp->reducer().codec().name() << "\""
+          << ", \"bytes_per_step\": " << ddp->reducer().codec().bytes_sent_last_step()
+          << ", \"uncompressed_bytes_per_step\": "
+          << ddp->reducer().codec().uncompressed_bytes_last_step()
+          << ", \"ratio\": " << json_number(ddp->reducer().codec().compression_ratio());
       } else if (mode == "naive") {
         j << ", \"allreduces_per_step\": " << params.size()
           << ", \"allreduced_bytes_per_step\": " << param_bytes;

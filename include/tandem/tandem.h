@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tandem/collectives/communicator.h>
+#include <tandem/collectives/compression.h>
 #include <tandem/collectives/gloo_communicator.h>
 #include <tandem/collectives/grad_codec.h>
 #include <tandem/collectives/nccl_communicator.h>

@@ -313,7 +313,9 @@ class RecordingCodec : public GradCodec {
  public:
   explicit RecordingCodec(bool sum_then_divide = false) : sum_then_divide_(sum_then_divide) {}
   std::string name() const override { return "recording"; }
-  WorkPtr reduce(Communicator& comm, GradBucket& bucket) override {
+
+ protected:
+  WorkPtr encode_and_reduce(Communicator& comm, GradBucket& bucket) override {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       calls_.push_back({bucket.index, bucket.step, bucket.param_indices, bucket.offsets,
@@ -323,6 +325,8 @@ class RecordingCodec : public GradCodec {
     return std::make_shared<DividingWork>(comm.allreduce(bucket.buffer, ReduceOp::kSum),
                                           bucket.buffer, comm.size());
   }
+
+ public:
   // The calls since the last take().
   std::vector<BucketCall> take() {
     std::lock_guard<std::mutex> lock(mutex_);

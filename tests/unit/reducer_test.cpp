@@ -134,6 +134,24 @@ TEST(Reducer, RejectsBadArguments) {
   });
 }
 
+TEST(Reducer, LoadsASavedBucketPlanAndRejectsOnesThatDoNotFit) {
+  run_ranks(1, [](Communicator& comm) {
+    auto a = at::zeros({3}).requires_grad_();
+    auto b = at::zeros({4}).requires_grad_();
+    auto c = at::zeros({2}, at::kDouble).requires_grad_();
+    Reducer reducer({a, b, c}, {"a", "b", "c"}, borrow(comm), {});
+    using Plan = std::vector<std::vector<int64_t>>;
+    for (const Plan& bad : {Plan{{0, 1}}, Plan{{0, 1}, {2}, {1}}, Plan{{0, 1, 3}, {2}},
+                            Plan{{0, 2}, {1}}, Plan{{0, 1}, {}, {2}}}) {
+      EXPECT_THROW(reducer.load_bucket_plan(bad), ConfigError);
+    }
+    EXPECT_FALSE(reducer.buckets_rebuilt());
+    reducer.load_bucket_plan({{2}, {1, 0}});
+    EXPECT_EQ(reducer.bucket_plan(), (Plan{{2}, {1, 0}}));
+    EXPECT_TRUE(reducer.buckets_rebuilt());  // no rebuild after the first step any more
+  });
+}
+
 class ReducerWorlds : public ::testing::TestWithParam<int> {};
 
 // loss = sum(a * (rank + 1)) + sum(b * 2 (rank + 1)): the gradients are small integers whose

@@ -1,19 +1,29 @@
 // GradCodec: what a gradient bucket becomes on the wire.
 //
-// The Reducer hands every full bucket to its codec, which starts the reduction across the
-// communicator and returns a Work; when that Work completes, `bucket.buffer` must hold the
+// The Reducer hands every full bucket to its codec's reduce(), which starts the reduction across
+// the communicator and returns a Work; when that Work completes, `bucket.buffer` must hold the
 // average of the ranks' gradients (what a plain average all-reduce would give, up to the codec's
-// approximation). Codecs that keep state (error-feedback residuals, low-rank factors, step
-// counters) key it by parameter index (`GradBucket::param_indices`), which is stable across the
-// one-time bucket rebuild, and expose it as named tensors so training-state checkpoints can save
-// and restore it.
+// approximation), with identical bits on every rank. reduce() counts the traffic (bytes this rank
+// puts on the wire, and what a plain all-reduce of the bucket would have put there) and routes
+// the codec's collectives through that count; a codec implements encode_and_reduce().
+//
+// Codecs that keep state (error-feedback residuals, low-rank factors, step counters) key it by
+// parameter index (`GradBucket::param_indices`), which is stable across the one-time bucket
+// rebuild, and expose it as named tensors (state()/load_state()) so training-state checkpoints
+// can save and restore it. A codec instance serves one communicator (one DataParallel).
+//
+// Ready-made codecs (fp16/bf16, PowerSGD, top-k, sign, and a cast wrapper around any of them):
+// tandem/collectives/compression.h.
 //
 // Thread-safety: reduce() is called from the autograd thread (or the forward thread for unused
-// parameters), one bucket at a time, in bucket order, identically on every rank.
+// parameters), one bucket at a time, in bucket order, identically on every rank. Codecs that run
+// stages on a thread of their own keep their state to that thread; state()/load_state() must not
+// run while a backward is in flight.
 #pragma once
 
 #include <tandem/collectives/communicator.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -31,22 +41,51 @@ struct GradBucket {
   int64_t step = 0;        // synchronised steps completed before this one
 };
 
+class CountingCommunicator;
+
 class GradCodec {
  public:
-  virtual ~GradCodec() = default;
-  // Short name used in configs and reports ("average", "fp16", "powersgd", ...).
+  GradCodec();
+  virtual ~GradCodec();
+  GradCodec(const GradCodec&) = delete;
+  GradCodec& operator=(const GradCodec&) = delete;
+
+  // Short name used in configs and reports ("average", "fp16", "powersgd", "topk+bf16", ...).
   virtual std::string name() const = 0;
+
   // Starts reducing `bucket.buffer` across `comm`; see the contract above. The bucket stays
-  // alive and untouched by the reducer until the returned Work completed.
-  virtual WorkPtr reduce(Communicator& comm, GradBucket& bucket) = 0;
-  // Named state tensors for checkpoints (empty for stateless codecs).
+  // alive and untouched by the reducer until the returned Work completed. Throws ConfigError when
+  // one codec instance is used with two communicators.
+  WorkPtr reduce(Communicator& comm, GradBucket& bucket);
+
+  // Named state tensors for checkpoints (empty for stateless codecs). load_state() accepts what
+  // state() returned (on any rank count; residuals are per rank) and throws ConfigError on names
+  // or shapes it does not know.
   virtual std::map<std::string, at::Tensor> state() const { return {}; }
-  virtual void load_state(const std::map<std::string, at::Tensor>& state) {}
-  // Bytes this rank put on the wire in the last synchronised step.
-  virtual uint64_t bytes_sent_last_step() const { return 0; }
+  virtual void load_state(const std::map<std::string, at::Tensor>& state);
+
+  // Traffic of the most recent synchronised step (complete once its backward returned): bytes
+  // this rank sent, as the ring algorithms send them (all-reduce 2(n-1)/n of the buffer,
+  // all-gather (n-1) times the input), and the bytes a plain all-reduce of the same buckets in
+  // their own dtype would have sent. compression_ratio() = uncompressed / sent (1 when nothing
+  // was sent).
+  uint64_t bytes_sent_last_step() const;
+  uint64_t uncompressed_bytes_last_step() const;
+  double compression_ratio() const;
+
+ protected:
+  // The codec's algorithm. Every collective of the bucket goes through `wire` (which counts the
+  // traffic and may cast it); `wire` lives as long as the codec.
+  virtual WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) = 0;
+
+ private:
+  friend class CastCodec;  // wraps another codec's encode_and_reduce with a casting wire
+
+  std::atomic<uint64_t> uncompressed_bytes_{0};
+  std::shared_ptr<CountingCommunicator> wire_;
 };
 
-// The default: one average all-reduce per bucket (sum, then divide by the world size).
+// The default: one average all-reduce per bucket.
 std::shared_ptr<GradCodec> make_average_codec();
 
 }  // namespace tandem

@@ -66,8 +66,14 @@ class Reducer {
   // After a forward under no_sync: hooks only record which parameters were used.
   void prepare_for_accumulation();
 
-  // Current bucket plan as parameter indices (for tests and reports).
+  // Current bucket plan as parameter indices (for tests, reports and checkpoints).
   std::vector<std::vector<int64_t>> bucket_plan() const;
+  // Uses `plan` (a bucket_plan() saved after the rebuild, e.g. in a checkpoint) from now on,
+  // instead of building one and rebuilding it after the first step, so a resumed run buckets -
+  // and therefore sums and compresses - exactly like the run it resumes. Call on every rank
+  // between steps. Throws ConfigError unless `plan` puts every parameter in exactly one bucket
+  // of one dtype; Error during a backward.
+  void load_bucket_plan(const std::vector<std::vector<int64_t>>& plan);
   bool buckets_rebuilt() const;
   const std::vector<std::string>& parameter_names() const;
   GradCodec& codec();

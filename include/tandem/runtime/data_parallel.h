@@ -26,7 +26,9 @@
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -67,6 +69,13 @@ class DataParallelCore {
     DataParallelCore& core_;
     bool previous_;
   };
+
+  // What a training-state checkpoint saves so a resumed run continues bit for bit: the bucket
+  // plan once rebuilt ("ddp/bucket_sizes", "ddp/bucket_params", int64) and the codec's state
+  // (per rank: error-feedback residuals differ between ranks). load_state() takes it back,
+  // between steps, on every rank; ConfigError when it does not fit this model or codec.
+  std::map<std::string, at::Tensor> state() const;
+  void load_state(const std::map<std::string, at::Tensor>& state);
 
   Reducer& reducer() { return *reducer_; }
   Communicator& communicator() { return *comm_; }
@@ -133,6 +142,10 @@ class DataParallel {
 
   // Gradient accumulation: `{ auto guard = ddp.no_sync(); loss(ddp(x)).backward(); }`.
   DataParallelCore::NoSyncGuard no_sync() { return DataParallelCore::NoSyncGuard(*core_); }
+
+  // Bucket plan and codec state for checkpoints (see DataParallelCore::state()).
+  std::map<std::string, at::Tensor> state() const { return core_->state(); }
+  void load_state(const std::map<std::string, at::Tensor>& state) { core_->load_state(state); }
 
   const std::shared_ptr<Module>& module() const { return module_; }
   Reducer& reducer() { return core_->reducer(); }

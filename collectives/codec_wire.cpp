@@ -1,0 +1,167 @@
+#include "codec_wire.h"
+
+#include <ATen/ops/div.h>
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+
+namespace tandem {
+
+namespace {
+
+uint64_t nbytes(const at::Tensor& t) {
+  return static_cast<uint64_t>(t.numel()) * t.element_size();
+}
+
+}  // namespace
+
+// ---- ForwardingCommunicator ------------------------------------------------------------------
+
+WorkPtr ForwardingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+  return inner_.allreduce(tensor, op);
+}
+WorkPtr ForwardingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+  return inner_.broadcast(tensor, root);
+}
+WorkPtr ForwardingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+  return inner_.allgather(output, input);
+}
+WorkPtr ForwardingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                               ReduceOp op) {
+  return inner_.reduce_scatter(output, input, op);
+}
+WorkPtr ForwardingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+  return inner_.send(tensor, dst, tag);
+}
+WorkPtr ForwardingCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
+  return inner_.recv(tensor, src, tag);
+}
+std::shared_ptr<Communicator> ForwardingCommunicator::new_group(const std::vector<int>& ranks) {
+  return inner_.new_group(ranks);
+}
+std::shared_ptr<Communicator> ForwardingCommunicator::split(int color, int key) {
+  return inner_.split(color, key);
+}
+
+// ---- CountingCommunicator --------------------------------------------------------------------
+
+uint64_t CountingCommunicator::allreduce_bytes(uint64_t bytes, int ranks) {
+  return ranks > 1 ? bytes * 2 * static_cast<uint64_t>(ranks - 1) / static_cast<uint64_t>(ranks)
+                   : 0;
+}
+
+WorkPtr CountingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+  WorkPtr work = inner_.allreduce(tensor, op);  // validates first: a rejected op sends nothing
+  sent_ += allreduce_bytes(nbytes(tensor), size());
+  return work;
+}
+
+WorkPtr CountingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+  WorkPtr work = inner_.broadcast(tensor, root);
+  if (size() > 1) sent_ += nbytes(tensor);
+  return work;
+}
+
+WorkPtr CountingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+  WorkPtr work = inner_.allgather(output, input);
+  sent_ += nbytes(input) * static_cast<uint64_t>(size() - 1);
+  return work;
+}
+
+WorkPtr CountingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                             ReduceOp op) {
+  WorkPtr work = inner_.reduce_scatter(output, input, op);
+  sent_ += nbytes(output) * static_cast<uint64_t>(size() - 1);
+  return work;
+}
+
+WorkPtr CountingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+  WorkPtr work = inner_.send(tensor, dst, tag);
+  sent_ += nbytes(tensor);
+  return work;
+}
+
+// ---- CastingCommunicator ---------------------------------------------------------------------
+
+bool CastingCommunicator::casts(const at::Tensor& t) const {
+  return t.defined() && at::isFloatingType(t.scalar_type()) && t.scalar_type() != wire_dtype_;
+}
+
+at::Tensor CastingCommunicator::wire_copy(const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  at::Tensor found;
+  auto gone = [&](WireCopy& c) {
+    c10::intrusive_ptr<c10::StorageImpl> storage = c.storage.lock();
+    if (!storage) return true;  // its tensor is gone: drop the copy
+    if (storage.get() == t.storage().unsafeGetStorageImpl() && c.offset == t.storage_offset() &&
+        c.copy.sizes() == t.sizes()) {
+      found = c.copy;
+    }
+    return false;
+  };
+  copies_.erase(std::remove_if(copies_.begin(), copies_.end(), gone), copies_.end());
+  if (found.defined()) return found;
+  at::Tensor copy = at::empty(t.sizes(), t.options().dtype(wire_dtype_));
+  copies_.push_back({t.storage().getWeakStorageImpl(), t.storage_offset(), copy});
+  return copy;
+}
+
+WorkPtr CastingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+  if (!casts(tensor)) return inner_.allreduce(tensor, op);
+  // Average as a sum of pre-divided values: n values near the dtype's maximum cannot overflow.
+  const bool average = op == ReduceOp::kAvg;
+  at::Tensor low = wire_copy(tensor);
+  if (average) {
+    at::div_out(low, tensor, size());
+  } else {
+    low.copy_(tensor);
+  }
+  WorkPtr work = inner_.allreduce(low, average ? ReduceOp::kSum : op);
+  return std::make_shared<ContinuationWork>(std::move(work), [tensor, low] { tensor.copy_(low); });
+}
+
+WorkPtr CastingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+  if (!casts(tensor)) return inner_.broadcast(tensor, root);
+  at::Tensor low = wire_copy(tensor);
+  low.copy_(tensor);
+  WorkPtr work = inner_.broadcast(low, root);
+  return std::make_shared<ContinuationWork>(std::move(work), [tensor, low] { tensor.copy_(low); });
+}
+
+WorkPtr CastingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+  if (!casts(input)) return inner_.allgather(output, input);
+  at::Tensor low_in = wire_copy(input);
+  low_in.copy_(input);
+  at::Tensor low_out = wire_copy(output);
+  WorkPtr work = inner_.allgather(low_out, low_in);
+  return std::make_shared<ContinuationWork>(std::move(work),
+                                            [output, low_out] { output.copy_(low_out); });
+}
+
+WorkPtr CastingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                            ReduceOp op) {
+  if (!casts(input)) return inner_.reduce_scatter(output, input, op);
+  const bool average = op == ReduceOp::kAvg;
+  at::Tensor low_in = wire_copy(input);
+  if (average) {
+    at::div_out(low_in, input, size());
+  } else {
+    low_in.copy_(input);
+  }
+  at::Tensor low_out = wire_copy(output);
+  WorkPtr work = inner_.reduce_scatter(low_out, low_in, average ? ReduceOp::kSum : op);
+  return std::make_shared<ContinuationWork>(std::move(work),
+                                            [output, low_out] { output.copy_(low_out); });
+}
+
+// ---- ContinuationWork ------------------------------------------------------------------------
+
+void ContinuationWork::wait(std::chrono::milliseconds timeout) {
+  inner_->wait(timeout);
+  std::call_once(once_, [this] {
+    then_();
+    done_ = true;
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,114 @@
+// Internal: the communicators a GradCodec talks through. Each wraps another communicator and
+// forwards every op; CountingCommunicator adds up the bytes this rank sends (as the ring
+// algorithms send them), CastingCommunicator sends floating tensors in a lower precision and
+// writes the result back in the caller's dtype. Both live as long as their codec.
+#pragma once
+
+#include <tandem/collectives/communicator.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <vector>
+
+namespace tandem {
+
+// Forwards every op to `inner` unchanged; subclasses override what they change.
+class ForwardingCommunicator : public Communicator {
+ public:
+  explicit ForwardingCommunicator(Communicator& inner) : inner_(inner) {}
+
+  int rank() const override { return inner_.rank(); }
+  int size() const override { return inner_.size(); }
+  std::string backend() const override { return inner_.backend(); }
+  int world_rank(int group_rank) const override { return inner_.world_rank(group_rank); }
+  std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
+  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+  WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag) override;
+  WorkPtr barrier() override { return inner_.barrier(); }
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
+  std::shared_ptr<Communicator> split(int color, int key) override;
+  void abort(const std::string& reason) override { inner_.abort(reason); }
+
+  Communicator& inner() const { return inner_; }
+
+ protected:
+  Communicator& inner_;
+};
+
+// Counts the bytes this rank sends: all-reduce 2(n-1)/n of the tensor, all-gather and
+// reduce-scatter (n-1)/n of the gathered/scattered whole, broadcast and send the tensor.
+class CountingCommunicator final : public ForwardingCommunicator {
+ public:
+  using ForwardingCommunicator::ForwardingCommunicator;
+
+  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+
+  // What an all-reduce of `bytes` sends from each of `ranks` ranks.
+  static uint64_t allreduce_bytes(uint64_t bytes, int ranks);
+
+  void start_step() { sent_ = 0; }
+  uint64_t sent() const { return sent_; }
+
+ private:
+  std::atomic<uint64_t> sent_{0};
+};
+
+// Floating tensors travel as `wire_dtype` (float16 or bfloat16): all-reduce kAvg and
+// reduce-scatter kAvg divide by the rank count before the cast (in the same pass), so a sum of n
+// values cannot overflow where their average does not. Results are copied back into the caller's
+// tensors when the op's Work is waited for. Other dtypes pass unchanged. The wire copy of a
+// tensor is kept while the tensor's storage lives (gradient buckets are long-lived), so a cast
+// costs one pass and no fresh pages.
+class CastingCommunicator final : public ForwardingCommunicator {
+ public:
+  CastingCommunicator(Communicator& inner, at::ScalarType wire_dtype)
+      : ForwardingCommunicator(inner), wire_dtype_(wire_dtype) {}
+
+  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+
+  at::ScalarType wire_dtype() const { return wire_dtype_; }
+
+ private:
+  bool casts(const at::Tensor& t) const;
+  at::Tensor wire_copy(const at::Tensor& t);
+
+  struct WireCopy {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;
+    int64_t offset = 0;
+    at::Tensor copy;
+  };
+  at::ScalarType wire_dtype_;
+  std::mutex mutex_;
+  std::vector<WireCopy> copies_;
+};
+
+// A Work that runs `then` once, on the waiting thread, after `inner` completed.
+class ContinuationWork final : public Work {
+ public:
+  ContinuationWork(WorkPtr inner, std::function<void()> then)
+      : inner_(std::move(inner)), then_(std::move(then)) {}
+  void wait(std::chrono::milliseconds timeout = kDefaultTimeout) override;
+  bool is_completed() override { return done_; }
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  WorkPtr inner_;
+  std::function<void()> then_;
+  std::once_flag once_;
+  std::atomic<bool> done_{false};
+};
+
+}  // namespace tandem

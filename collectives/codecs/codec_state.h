@@ -1,0 +1,66 @@
+// Internal: the state compressing codecs keep per parameter, in a form that survives the bucket
+// rebuild and goes into checkpoints.
+#pragma once
+
+#include <tandem/collectives/grad_codec.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// Error-feedback residuals, one per parameter, stored flat per bucket: a codec works on one
+// contiguous tensor laid out like the bucket's buffer, while the residuals stay keyed by
+// parameter. Used by one thread at a time.
+class ResidualBank {
+ public:
+  // The bucket's residuals as one flat tensor laid out like `bucket.buffer` (zeros for parameters
+  // never seen). When the bucket's composition changed (the rebuild, or after load()), the
+  // residuals are copied into a new layout once. Throws ConfigError when a loaded residual's
+  // size does not match its parameter.
+  at::Tensor flat(const GradBucket& bucket, const std::string& codec_name);
+
+  // Every residual by parameter index (flat views of the live storage).
+  const std::map<int64_t, at::Tensor>& residuals() const { return residuals_; }
+  void load(int64_t param, at::Tensor residual);
+
+ private:
+  std::map<int64_t, at::Tensor> residuals_;
+  std::map<std::vector<int64_t>, at::Tensor> flats_;  // by the bucket's parameter list
+};
+
+// The codec's own count of synchronised steps: the reducer's step (which restarts at 0 with a new
+// DataParallel) plus what was loaded from a checkpoint.
+class CodecStep {
+ public:
+  // The step `bucket` belongs to; remembers it.
+  int64_t at(const GradBucket& bucket) {
+    reducer_next_ = bucket.step + 1;
+    return offset_ + bucket.step;
+  }
+  // Steps begun so far (what a checkpoint saves).
+  int64_t next() const { return offset_ + reducer_next_; }
+  void load(int64_t next) { offset_ = next - reducer_next_; }
+
+ private:
+  int64_t offset_ = 0;
+  int64_t reducer_next_ = 0;
+};
+
+using PerParam = std::map<int64_t, at::Tensor>;
+
+// A codec's named state: "<codec>/step" (when `step` is given) and "<codec>/<kind>/<param>" for
+// the tensors of every kind (live tensors, not copies).
+std::map<std::string, at::Tensor> codec_state(const std::string& codec, const CodecStep* step,
+                                              const std::map<std::string, const PerParam*>& kinds);
+
+// Reads what codec_state() wrote: the step into `step`, every other tensor (cloned) into its
+// kind's `load`. Throws ConfigError for a name of another codec or kind, or a malformed step.
+void load_codec_state(const std::string& codec, const std::map<std::string, at::Tensor>& state,
+                      CodecStep* step,
+                      const std::map<std::string, std::function<void(int64_t, at::Tensor)>>& kinds);
+
+}  // namespace tandem

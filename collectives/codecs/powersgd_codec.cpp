@@ -1,0 +1,209 @@
+// PowerSGD (Vogels, Karimireddy, Jaggi 2019): each gradient, viewed as a rows x cols matrix M,
+// is sent as two thin factors. With Q (cols x r) shared by every rank: P = M Q is summed over
+// ranks and orthonormalised, Q = M^T P is averaged, and every rank decodes P Q^T, the projection
+// of the average gradient onto span(P). Error feedback keeps M - P Q^T for the next step.
+#include <tandem/collectives/compression.h>
+
+#include <tandem/errors.h>
+
+#include "codec_state.h"
+#include "stage_thread.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randn.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace tandem {
+
+namespace {
+
+constexpr const char* kName = "powersgd";
+
+// Modified Gram-Schmidt on the columns of `p` (rows x r, float32 or float64), in place. A column
+// that is (numerically) zero stays zero instead of becoming NaN, so rank-deficient gradients and
+// low-precision factors decode to finite values.
+void orthonormalize_columns(const at::Tensor& p) {
+  const int64_t r = p.size(1);
+  for (int64_t i = 0; i < r; ++i) {
+    at::Tensor col = p.select(1, i);
+    col.div_(col.norm().clamp_min(1e-30));
+    if (i + 1 < r) {
+      at::Tensor rest = p.narrow(1, i + 1, r - i - 1);
+      rest.sub_(at::mm(col.unsqueeze(1), at::mm(col.unsqueeze(0), rest)));
+    }
+  }
+}
+
+class PowerSgdCodec final : public GradCodec {
+ public:
+  explicit PowerSgdCodec(PowerSgdOptions options) : options_(options) {
+    if (options_.rank < 1) {
+      throw ConfigError("tandem: powersgd: rank must be at least 1, got " +
+                        std::to_string(options_.rank) + ".");
+    }
+    if (options_.start_iter < 0) {
+      throw ConfigError("tandem: powersgd: start_iter must be >= 0, got " +
+                        std::to_string(options_.start_iter) + ".");
+    }
+    if (!(options_.min_compression_rate >= 0)) {
+      throw ConfigError("tandem: powersgd: min_compression_rate must be >= 0, got " +
+                        std::to_string(options_.min_compression_rate) + ".");
+    }
+  }
+
+  std::string name() const override { return kName; }
+
+  std::map<std::string, at::Tensor> state() const override {
+    return codec_state(kName, &step_, {{"q", &q_}, {"error", &errors_.residuals()}});
+  }
+
+  void load_state(const std::map<std::string, at::Tensor>& state) override {
+    load_codec_state(kName, state, &step_,
+                     {{"q", [this](int64_t p, at::Tensor t) { q_[p] = std::move(t); }},
+                      {"error", [this](int64_t p, at::Tensor t) { errors_.load(p, std::move(t)); }}});
+  }
+
+ protected:
+  WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) override {
+    const int64_t step = step_.at(bucket);
+    if (step < options_.start_iter) return wire.allreduce(bucket.buffer, ReduceOp::kAvg);
+    // The job owns a copy of the bucket's description (the tensors are shared handles).
+    return stages_.submit(wire, bucket, [this, &wire, b = bucket, step] { run(wire, b, step); });
+  }
+
+ private:
+  struct Matrix {
+    int64_t param, rows, cols, rank;
+    at::Tensor grad;   // rows x cols view of the bucket buffer
+    at::Tensor m;      // what is compressed: grad, or grad + residual (in the residual's storage)
+    at::Tensor p, q;   // views of the batched factors
+  };
+
+  void run(Communicator& wire, const GradBucket& b, int64_t step) {
+    const at::ScalarType dtype = b.buffer.scalar_type();
+    // Factors are computed in float32 at least: orthonormalisation is unstable in 16 bits.
+    const at::ScalarType compute = dtype == at::kDouble ? at::kDouble : at::kFloat;
+    at::Tensor residual = options_.error_feedback ? errors_.flat(b, kName) : at::Tensor();
+
+    std::vector<Matrix> matrices;
+    std::vector<at::Tensor> plain;  // flat views of the tensors sent uncompressed
+    int64_t p_elems = 0, q_elems = 0;
+    for (size_t slot = 0; slot < b.param_indices.size(); ++slot) {
+      const auto& shape = b.shapes[slot];
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      at::Tensor flat = b.buffer.narrow(0, b.offsets[slot], numel);
+      const int64_t rows = shape.size() >= 2 ? shape[0] : 0;
+      const int64_t cols = rows > 0 ? numel / rows : 0;
+      const int64_t r = std::min({options_.rank, rows, cols});
+      const bool compress = rows > 0 && cols > 0 &&
+                            static_cast<double>((rows + cols) * r) * options_.min_compression_rate <
+                                static_cast<double>(rows * cols);
+      if (!compress) {
+        plain.push_back(flat);
+        continue;
+      }
+      Matrix mat{b.param_indices[slot], rows, cols, r, flat.view({rows, cols}), {}, {}, {}};
+      if (residual.defined()) {
+        mat.m = residual.narrow(0, b.offsets[slot], numel).view({rows, cols});
+        mat.m.add_(mat.grad);  // M = gradient + what earlier steps did not transmit
+      } else {
+        mat.m = mat.grad;
+      }
+      p_elems += rows * r;
+      q_elems += cols * r;
+      matrices.push_back(std::move(mat));
+    }
+
+    // Tensors too small to gain go in one uncompressed all-reduce, overlapped with P's.
+    at::Tensor plain_batch;
+    WorkPtr plain_work;
+    if (!plain.empty()) {
+      plain_batch = at::cat(plain);
+      plain_work = wire.allreduce(plain_batch, ReduceOp::kAvg);
+    }
+    if (!matrices.empty()) {
+      at::Tensor ps = at::empty({p_elems}, b.buffer.options().dtype(compute));
+      at::Tensor qs = at::empty({q_elems}, b.buffer.options().dtype(compute));
+      int64_t po = 0, qo = 0;
+      for (Matrix& mat : matrices) {
+        mat.p = ps.narrow(0, po, mat.rows * mat.rank).view({mat.rows, mat.rank});
+        mat.q = qs.narrow(0, qo, mat.cols * mat.rank).view({mat.cols, mat.rank});
+        po += mat.rows * mat.rank;
+        qo += mat.cols * mat.rank;
+        at::mm_out(mat.p, as(mat.m, compute), start_q(mat, step, compute));
+      }
+      wire.allreduce(ps, ReduceOp::kSum)->wait();
+      for (Matrix& mat : matrices) {
+        orthonormalize_columns(mat.p);
+        at::mm_out(mat.q, as(mat.m, compute).t(), mat.p);
+      }
+      wire.allreduce(qs, ReduceOp::kAvg)->wait();
+      for (Matrix& mat : matrices) {
+        if (compute == dtype) {
+          at::mm_out(mat.grad, mat.p, mat.q.t());
+        } else {
+          mat.grad.copy_(at::mm(mat.p, mat.q.t()));
+        }
+        if (residual.defined()) mat.m.sub_(mat.grad);  // residual = M - decoded
+        if (options_.warm_start) q_[mat.param].copy_(mat.q);
+      }
+    }
+    if (plain_work) {
+      plain_work->wait();
+      int64_t offset = 0;
+      for (at::Tensor& t : plain) {
+        t.copy_(plain_batch.narrow(0, offset, t.numel()));
+        offset += t.numel();
+      }
+    }
+  }
+
+  static at::Tensor as(const at::Tensor& t, at::ScalarType dtype) {
+    return t.scalar_type() == dtype ? t : t.to(dtype);
+  }
+
+  // Q for this step: last step's (warm start) or a fresh one drawn from a generator every rank
+  // seeds alike (seed, parameter and, without warm start, step), orthonormalised.
+  at::Tensor start_q(const Matrix& mat, int64_t step, at::ScalarType compute) {
+    auto found = q_.find(mat.param);
+    if (options_.warm_start && found != q_.end()) {
+      if (found->second.sizes() != mat.q.sizes()) {
+        throw ConfigError("tandem: powersgd: the saved Q factor of parameter " +
+                          std::to_string(mat.param) + " has shape " +
+                          c10::str(found->second.sizes()) + ", expected " +
+                          c10::str(mat.q.sizes()) +
+                          ". The codec state was saved with another model or rank; resume with "
+                          "the same model and powersgd rank.");
+      }
+      return found->second.to(mat.q.options());
+    }
+    uint64_t seed = options_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(mat.param);
+    if (!options_.warm_start) seed = seed * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(step);
+    at::Generator gen = at::detail::createCPUGenerator(seed);
+    at::Tensor q = at::randn({mat.cols, mat.rank}, gen, at::TensorOptions().dtype(compute));
+    orthonormalize_columns(q);
+    q = q.to(mat.q.options());
+    if (options_.warm_start) q_[mat.param] = q.clone();
+    return q;
+  }
+
+  PowerSgdOptions options_;
+  CodecStep step_;
+  ResidualBank errors_;
+  std::map<int64_t, at::Tensor> q_;
+  StageThread stages_{kName};  // last: joined first, while the state above still lives
+};
+
+}  // namespace
+
+std::shared_ptr<GradCodec> make_powersgd_codec(PowerSgdOptions options) {
+  return std::make_shared<PowerSgdCodec>(options);
+}
+
+}  // namespace tandem

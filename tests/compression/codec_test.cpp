@@ -1,0 +1,444 @@
+// Every codec on hand-made buckets, with 2 (or 3) ranks as threads: the cast codecs' exact
+// rounding, PowerSGD's exactness at full rank, top-k's choice of entries, conservation of mass by
+// error feedback, identical decoding on every rank, state round trips, traffic accounting and
+// the registry's errors.
+#include "test_support.h"
+
+#include <tandem/collectives/compression.h>
+#include <tandem/errors.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <mutex>
+
+namespace tandem {
+namespace {
+
+using testing::run_ranks;
+
+// A bucket of fresh parameters 0..n-1 with the given shapes, holding `values` (flat).
+GradBucket make_bucket(const std::vector<std::vector<int64_t>>& shapes, at::Tensor values,
+                       int64_t step = 0) {
+  GradBucket b;
+  b.buffer = values.contiguous().clone();
+  int64_t offset = 0;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    b.param_indices.push_back(static_cast<int64_t>(i));
+    b.offsets.push_back(offset);
+    b.shapes.push_back(shapes[i]);
+    int64_t numel = 1;
+    for (int64_t d : shapes[i]) numel *= d;
+    offset += numel;
+  }
+  EXPECT_EQ(offset, values.numel());
+  b.step = step;
+  return b;
+}
+
+int64_t numel_of(const std::vector<std::vector<int64_t>>& shapes) {
+  int64_t n = 0;
+  for (const auto& s : shapes) {
+    int64_t k = 1;
+    for (int64_t d : s) k *= d;
+    n += k;
+  }
+  return n;
+}
+
+// Rank r's gradient at `step`: deterministic, different per rank and step.
+at::Tensor grad_of(int rank, int64_t step, int64_t n, at::ScalarType dtype = at::kFloat) {
+  at::Generator gen = at::detail::createCPUGenerator(1000 + 31 * rank + step);
+  return at::randn({n}, gen, at::TensorOptions().dtype(at::kFloat)).to(dtype);
+}
+
+// Runs `steps` steps of `codec_of(rank)` on `world` ranks; returns, per rank, each step's decoded
+// bucket, and leaves every rank's codec in `codecs`.
+struct CodecRun {
+  std::vector<std::vector<at::Tensor>> decoded;            // [rank][step]
+  std::vector<std::shared_ptr<GradCodec>> codecs;          // [rank]
+};
+CodecRun run_codec(int world, int steps, const std::vector<std::vector<int64_t>>& shapes,
+              const std::function<std::shared_ptr<GradCodec>()>& make,
+              at::ScalarType dtype = at::kFloat, GlooOptions options = {}) {
+  CodecRun run;
+  run.decoded.resize(world);
+  run.codecs.resize(world);
+  const int64_t n = numel_of(shapes);
+  run_ranks(world, [&](Communicator& comm) {
+    auto codec = make();
+    for (int step = 0; step < steps; ++step) {
+      GradBucket b = make_bucket(shapes, grad_of(comm.rank(), step, n, dtype), step);
+      codec->reduce(comm, b)->wait();
+      run.decoded[comm.rank()].push_back(b.buffer.clone());
+    }
+    run.codecs[comm.rank()] = codec;
+  }, options);
+  return run;
+}
+
+at::Tensor average_of(int world, int64_t step, int64_t n) {
+  at::Tensor sum = at::zeros({n});
+  for (int r = 0; r < world; ++r) sum += grad_of(r, step, n);
+  return sum / world;
+}
+
+void expect_same_bits_on_every_rank(const CodecRun& run) {
+  for (size_t r = 1; r < run.decoded.size(); ++r) {
+    for (size_t s = 0; s < run.decoded[r].size(); ++s) {
+      EXPECT_TRUE(at::equal(run.decoded[r][s], run.decoded[0][s]))
+          << "rank " << r << " step " << s << " decoded other bits than rank 0";
+    }
+  }
+}
+
+const std::vector<std::vector<int64_t>> kShapes = {{32, 24}, {24}, {16, 3, 4}, {5}};
+
+// ---- cast codecs ------------------------------------------------------------------------------
+
+TEST(CastCodec, Fp16AndBf16AreExactToTheTargetPrecisionOverSharedMemoryAndTcp) {
+  GlooOptions tcp;
+  tcp.shared_memory = false;
+  const int64_t n = numel_of(kShapes);
+  for (const auto& [name, dtype] : {std::pair{"fp16", at::kHalf}, std::pair{"bf16", at::kBFloat16}}) {
+    // Each rank sends (g / 2) rounded to the wire dtype; the sum is rounded once more.
+    auto half_of = [&, dtype = dtype](int rank) { return (grad_of(rank, 0, n) / 2).to(dtype).to(at::kFloat); };
+    const at::Tensor want = (half_of(0) + half_of(1)).to(dtype).to(at::kFloat);
+    for (const GlooOptions& transport : {GlooOptions{}, tcp}) {
+      SCOPED_TRACE(std::string(name) + (transport.shared_memory ? " shm" : " tcp"));
+      const CodecRun run =
+          run_codec(2, 1, kShapes, [&] { return make_codec(name); }, at::kFloat, transport);
+      EXPECT_TRUE(at::equal(run.decoded[0][0], want));
+      expect_same_bits_on_every_rank(run);
+      EXPECT_EQ(run.codecs[0]->name(), name);
+      EXPECT_DOUBLE_EQ(run.codecs[0]->compression_ratio(), 2.0);
+    }
+  }
+}
+
+TEST(CastCodec, AverageOfValuesNearTheFp16MaximumDoesNotOverflow) {
+  run_ranks(2, [](Communicator& comm) {
+    auto codec = make_codec("fp16");
+    GradBucket b = make_bucket({{4}}, at::full({4}, 60000.0f));  // 2 x 60000 > 65504
+    codec->reduce(comm, b)->wait();
+    EXPECT_TRUE(at::equal(b.buffer, at::full({4}, 60000.0f))) << b.buffer;
+  });
+}
+
+// ---- PowerSGD ---------------------------------------------------------------------------------
+
+TEST(PowerSgd, RankAtLeastMinDimensionReproducesTheExactAverage) {
+  const std::vector<std::vector<int64_t>> shapes = {{6, 40}, {40, 5}, {7}};
+  PowerSgdOptions o;
+  o.rank = 6;
+  o.start_iter = 0;
+  o.min_compression_rate = 0;  // compress even where it does not pay, to test the algebra
+  const CodecRun run = run_codec(2, 3, shapes, [&] { return make_powersgd_codec(o); });
+  for (int step = 0; step < 3; ++step) {
+    const at::Tensor want = average_of(2, step, numel_of(shapes));
+    EXPECT_TRUE(at::allclose(run.decoded[0][step], want, 1e-5, 1e-6)) << "step " << step;
+  }
+  expect_same_bits_on_every_rank(run);
+}
+
+TEST(PowerSgd, LowRankIsAnApproximationDecodedIdenticallyEverywhere) {
+  PowerSgdOptions o;
+  o.rank = 1;
+  o.start_iter = 0;
+  const CodecRun run = run_codec(3, 3, kShapes, [&] { return make_powersgd_codec(o); });
+  const at::Tensor want = average_of(3, 0, numel_of(kShapes));
+  EXPECT_FALSE(at::allclose(run.decoded[0][0], want, 1e-3, 1e-3));
+  // The 1-D tensors go uncompressed: exact.
+  EXPECT_TRUE(at::allclose(run.decoded[0][0].narrow(0, 32 * 24, 24), want.narrow(0, 32 * 24, 24),
+                           1e-6, 1e-7));
+  expect_same_bits_on_every_rank(run);
+  EXPECT_GT(run.codecs[0]->compression_ratio(), 4.0);
+}
+
+TEST(PowerSgd, StartsWithPlainAllReduceUntilStartIter) {
+  PowerSgdOptions o;
+  o.start_iter = 2;
+  const CodecRun run = run_codec(2, 3, kShapes, [&] { return make_powersgd_codec(o); });
+  const int64_t n = numel_of(kShapes);
+  EXPECT_TRUE(at::allclose(run.decoded[0][0], average_of(2, 0, n), 1e-6, 1e-7));
+  EXPECT_TRUE(at::allclose(run.decoded[0][1], average_of(2, 1, n), 1e-6, 1e-7));
+  EXPECT_FALSE(at::allclose(run.decoded[0][2], average_of(2, 2, n), 1e-3, 1e-3));
+}
+
+// ---- top-k ------------------------------------------------------------------------------------
+
+TEST(TopK, SendsTheLargestMagnitudesOfEachRank) {
+  run_ranks(2, [](Communicator& comm) {
+    TopKOptions o;
+    o.ratio = 0.3;  // k = ceil(0.3 * 10) = 3
+    o.error_feedback = false;
+    auto codec = make_topk_codec(o);
+    const at::Tensor g = comm.rank() == 0
+        ? at::tensor({0.1f, -9.f, 0.2f, 0.3f, 8.f, 0.f, 0.f, -7.f, 0.5f, 0.f})
+        : at::tensor({5.f, 0.f, 0.f, 0.f, 0.f, -6.f, 0.f, 0.f, 0.1f, 4.f});
+    GradBucket b = make_bucket({{10}}, g);
+    codec->reduce(comm, b)->wait();
+    const at::Tensor want =
+        at::tensor({5.f, -9.f, 0.f, 0.f, 8.f, -6.f, 0.f, -7.f, 0.f, 4.f}) / 2;
+    EXPECT_TRUE(at::equal(b.buffer, want)) << b.buffer;
+    // int32 indices + float32 values, sent once to the one other rank.
+    EXPECT_EQ(codec->bytes_sent_last_step(), 3u * (4 + 4));
+    EXPECT_EQ(codec->uncompressed_bytes_last_step(), 10u * 4);
+  });
+}
+
+TEST(TopK, WarmupLowersTheRatioGeometrically) {
+  TopKOptions o;
+  o.ratio = 0.01;
+  o.warmup_steps = 3;
+  const std::vector<std::vector<int64_t>> shapes = {{1000}};
+  std::vector<uint64_t> sent;
+  run_ranks(2, [&](Communicator& comm) {
+    auto codec = make_topk_codec(o);
+    for (int step = 0; step < 5; ++step) {
+      GradBucket b = make_bucket(shapes, grad_of(comm.rank(), step, 1000), step);
+      codec->reduce(comm, b)->wait();
+      if (comm.rank() == 0) sent.push_back(codec->bytes_sent_last_step() / 8);  // entries
+    }
+  });
+  // ratio^(1/4), ratio^(2/4), ratio^(3/4), then ratio: 317, 100, 32, 10, 10 entries of 1000.
+  EXPECT_EQ(sent, (std::vector<uint64_t>{317, 100, 32, 10, 10}));
+}
+
+// ---- error feedback ---------------------------------------------------------------------------
+
+// A codec's error-feedback residuals laid out like a bucket of `shapes` (zeros where none).
+at::Tensor residuals_of(const GradCodec& codec, const std::vector<std::vector<int64_t>>& shapes) {
+  std::vector<int64_t> offsets;
+  int64_t n = 0;
+  for (const auto& shape : shapes) {
+    offsets.push_back(n);
+    n += numel_of({shape});
+  }
+  at::Tensor out = at::zeros({n}, at::kDouble);
+  for (const auto& [name, t] : codec.state()) {
+    if (name.find("/error/") == std::string::npos && name.find("/residual/") == std::string::npos) {
+      continue;
+    }
+    const int64_t p = std::stoll(name.substr(name.rfind('/') + 1));
+    out.narrow(0, offsets.at(p), t.numel()).copy_(t.reshape({-1}));
+  }
+  return out;
+}
+
+// Over any number of steps, what the ranks transmitted plus what they still hold equals what
+// they were given: sum_t world * decoded_t + sum_r residual_r = sum_t sum_r g_rt.
+void expect_mass_conserved(const std::string& codec_name,
+                           const std::function<std::shared_ptr<GradCodec>()>& make,
+                           at::ScalarType dtype = at::kFloat) {
+  SCOPED_TRACE(codec_name + " " + c10::toString(dtype));
+  const int world = 2, steps = 6;
+  const CodecRun run = run_codec(world, steps, kShapes, make, dtype);
+  const int64_t n = numel_of(kShapes);
+  at::Tensor given = at::zeros({n}, at::kDouble);
+  at::Tensor accounted = at::zeros({n}, at::kDouble);
+  for (int s = 0; s < steps; ++s) {
+    for (int r = 0; r < world; ++r) given += grad_of(r, s, n, dtype).to(at::kDouble);
+    accounted += run.decoded[0][s].to(at::kDouble) * world;
+  }
+  for (int r = 0; r < world; ++r) accounted += residuals_of(*run.codecs[r], kShapes);
+  EXPECT_LT((accounted - given).abs().max().item<double>(), 1e-4);
+  EXPECT_GT(run.codecs[0]->compression_ratio(), 1.5);
+  expect_same_bits_on_every_rank(run);
+}
+
+TEST(ErrorFeedback, ConservesMassForEveryCompressingCodec) {
+  PowerSgdOptions o;
+  o.start_iter = 0;
+  // float32 takes the CPU kernels, float64 the generic ATen path.
+  for (at::ScalarType dtype : {at::kFloat, at::kDouble}) {
+    expect_mass_conserved("topk", [] { return make_topk_codec({.ratio = 0.05}); }, dtype);
+    expect_mass_conserved("sign", [] { return make_sign_codec(); }, dtype);
+    expect_mass_conserved("powersgd", [&] { return make_powersgd_codec(o); }, dtype);
+  }
+}
+
+// The float32 CPU kernels and the generic path (float64 here) code the same values alike.
+TEST(CodecKernels, AgreeWithTheGenericPath) {
+  for (const auto& [name, make] :
+       std::vector<std::pair<std::string, std::function<std::shared_ptr<GradCodec>()>>>{
+           {"topk", [] { return make_topk_codec({.ratio = 0.03}); }},
+           {"sign", [] { return make_sign_codec(); }}}) {
+    SCOPED_TRACE(name);
+    const CodecRun fast = run_codec(2, 3, kShapes, make, at::kFloat);
+    const CodecRun generic = run_codec(2, 3, kShapes, make, at::kDouble);
+    for (int s = 0; s < 3; ++s) {
+      const at::Tensor f = fast.decoded[0][s].to(at::kDouble);
+      const at::Tensor g = generic.decoded[0][s];
+      EXPECT_TRUE(at::equal(f.ne(0), g.ne(0))) << "step " << s << ": other entries chosen";
+      EXPECT_TRUE(at::allclose(f, g, 1e-5, 1e-6)) << "step " << s;
+    }
+  }
+}
+
+TEST(CodecKernels, TopKBreaksTiesTowardsTheLowerIndexAndRanksNaNFirst) {
+  run_ranks(1, [](Communicator& comm) {
+    auto codec = make_topk_codec({.ratio = 0.3, .error_feedback = false});
+    GradBucket ties = make_bucket({{10}}, at::full({10}, -2.0f));
+    codec->reduce(comm, ties)->wait();
+    EXPECT_TRUE(at::equal(ties.buffer.ne(0), at::arange(10).lt(3))) << ties.buffer;
+    at::Tensor values = at::arange(10, at::kFloat);
+    values[7] = std::nanf("");
+    GradBucket nan = make_bucket({{10}}, values, 1);
+    codec->reduce(comm, nan)->wait();
+    EXPECT_TRUE(std::isnan(nan.buffer[7].item<float>()));
+    EXPECT_EQ(nan.buffer[9].item<float>(), 9.0f);
+    EXPECT_EQ(nan.buffer[8].item<float>(), 8.0f);
+    EXPECT_EQ(at::count_nonzero(nan.buffer).item<int64_t>(), 3);
+  });
+}
+
+// ---- sign -------------------------------------------------------------------------------------
+
+TEST(Sign, DecodesMeanMagnitudeTimesSignAveragedOverRanks) {
+  run_ranks(2, [](Communicator& comm) {
+    auto codec = make_sign_codec({.error_feedback = false});
+    const at::Tensor g = comm.rank() == 0 ? at::tensor({1.f, -3.f, 2.f, 0.f, 1.f, 1.f, 1.f, 1.f, -1.f})
+                                          : at::tensor({-2.f, -2.f, 2.f, 2.f, 2.f, 2.f, 2.f, 2.f, 2.f});
+    GradBucket b = make_bucket({{4}, {5}}, g);
+    codec->reduce(comm, b)->wait();
+    // Rank 0: scales 1.5 and 1, signs + - + + | + + + + -; rank 1: scales 2 and 2, - - + + | all +.
+    const at::Tensor want = (at::tensor({1.5f, -1.5f, 1.5f, 1.5f, 1.f, 1.f, 1.f, 1.f, -1.f}) +
+                             at::tensor({-2.f, -2.f, 2.f, 2.f, 2.f, 2.f, 2.f, 2.f, 2.f})) / 2;
+    EXPECT_TRUE(at::equal(b.buffer, want)) << b.buffer;
+    EXPECT_EQ(codec->bytes_sent_last_step(), 2u + 2 * 4);  // 9 bits in 2 bytes, 2 float scales
+  });
+}
+
+// ---- state ------------------------------------------------------------------------------------
+
+// Stopping after `cut` steps, saving every rank's state and loading it into fresh codecs gives
+// the same bits as going on.
+void expect_state_round_trip(const std::function<std::shared_ptr<GradCodec>()>& make) {
+  const int world = 2, steps = 5, cut = 3;
+  const int64_t n = numel_of(kShapes);
+  const CodecRun straight = run_codec(world, steps, kShapes, make);
+  std::vector<std::vector<at::Tensor>> resumed(world);
+  run_ranks(world, [&](Communicator& comm) {
+    auto first = make();
+    std::map<std::string, at::Tensor> saved;
+    for (int step = 0; step < cut; ++step) {
+      GradBucket b = make_bucket(kShapes, grad_of(comm.rank(), step, n), step);
+      first->reduce(comm, b)->wait();
+    }
+    for (const auto& [name, t] : first->state()) saved[name] = t.clone();
+    auto second = make();
+    second->load_state(saved);
+    // A new DataParallel restarts the reducer's step at 0; the codec keeps its own count.
+    for (int step = cut; step < steps; ++step) {
+      GradBucket b = make_bucket(kShapes, grad_of(comm.rank(), step, n), step - cut);
+      second->reduce(comm, b)->wait();
+      resumed[comm.rank()].push_back(b.buffer.clone());
+    }
+  });
+  for (int r = 0; r < world; ++r) {
+    for (int s = cut; s < steps; ++s) {
+      EXPECT_TRUE(at::equal(resumed[r][s - cut], straight.decoded[r][s])) << "rank " << r << " step " << s;
+    }
+  }
+}
+
+TEST(CodecState, ResumingFromSavedStateGivesTheSameBits) {
+  PowerSgdOptions p;
+  p.start_iter = 2;
+  p.rank = 2;
+  expect_state_round_trip([&] { return make_powersgd_codec(p); });
+  expect_state_round_trip([] { return make_topk_codec({.ratio = 0.1, .warmup_steps = 4}); });
+  expect_state_round_trip([] { return make_sign_codec(); });
+  expect_state_round_trip([&] { return make_cast_codec(at::kBFloat16, make_powersgd_codec(p)); });
+}
+
+TEST(CodecState, ResidualsFollowTheirParameterAcrossABucketRebuild) {
+  run_ranks(2, [](Communicator& comm) {
+    auto codec = make_topk_codec({.ratio = 0.2});
+    GradBucket both = make_bucket({{10}, {10}}, grad_of(comm.rank(), 0, 20));
+    codec->reduce(comm, both)->wait();
+    const at::Tensor residual0 = codec->state().at("topk/residual/0").clone();
+    const at::Tensor residual1 = codec->state().at("topk/residual/1").clone();
+    // The rebuild puts parameter 1 first, alone, with a zero gradient: its bucket keeps only the
+    // residual, so the largest residual entries are what is sent.
+    GradBucket alone;
+    alone.buffer = at::zeros({10});
+    alone.param_indices = {1};
+    alone.offsets = {0};
+    alone.shapes = {{10}};
+    alone.step = 1;
+    codec->reduce(comm, alone)->wait();
+    const auto after = codec->state();
+    EXPECT_TRUE(at::equal(after.at("topk/residual/0"), residual0));
+    EXPECT_NE(at::count_nonzero(after.at("topk/residual/1")).item<int64_t>(),
+              at::count_nonzero(residual1).item<int64_t>());
+  });
+}
+
+TEST(CodecState, UnknownOrMisshapenStateIsAConfigError) {
+  auto codec = make_topk_codec();
+  EXPECT_THROW(codec->load_state({{"powersgd/q/0", at::zeros({3, 1})}}), ConfigError);
+  EXPECT_THROW(make_average_codec()->load_state({{"x", at::zeros({1})}}), ConfigError);
+  EXPECT_THROW(codec->load_state({{"topk/step", at::zeros({2})}}), ConfigError);
+  codec->load_state({{"topk/residual/0", at::zeros({7})}});
+  run_ranks(1, [&](Communicator& comm) {
+    GradBucket b = make_bucket({{10}}, at::ones({10}));
+    try {
+      codec->reduce(comm, b)->wait();
+      ADD_FAILURE() << "a residual of 7 elements was accepted for a parameter of 10";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("parameter 0"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// ---- registry ---------------------------------------------------------------------------------
+
+TEST(MakeCodec, BuildsEveryCodecByName) {
+  EXPECT_EQ(make_codec("average")->name(), "average");
+  EXPECT_EQ(make_codec("fp16")->name(), "fp16");
+  EXPECT_EQ(make_codec("bf16")->name(), "bf16");
+  EXPECT_EQ(make_codec("powersgd", {{"rank", "4"}, {"start_iter", "0"}})->name(), "powersgd");
+  EXPECT_EQ(make_codec("powersgd", {{"wire", "fp16"}})->name(), "powersgd+fp16");
+  EXPECT_EQ(make_codec("topk", {{"ratio", "0.01"}, {"error_feedback", "false"}})->name(), "topk");
+  EXPECT_EQ(make_codec("sign", {{"wire", "bf16"}})->name(), "sign+bf16");
+}
+
+void expect_config_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
+  try {
+    f();
+    ADD_FAILURE() << "no ConfigError";
+  } catch (const ConfigError& e) {
+    for (const auto& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what() << "\nlacks: " << part;
+    }
+  }
+}
+
+TEST(MakeCodec, BadNamesParametersAndValuesSayWhatIsAllowed) {
+  expect_config_error([] { make_codec("powerSGD"); }, {"'powerSGD'", "powersgd, topk, sign"});
+  expect_config_error([] { make_codec("powersgd", {{"rnak", "4"}}); },
+                      {"'rnak'", "rank", "start_iter"});
+  expect_config_error([] { make_codec("powersgd", {{"rank", "four"}}); }, {"'rank'", "'four'", "integer"});
+  expect_config_error([] { make_codec("powersgd", {{"rank", "0"}}); }, {"rank", "at least 1"});
+  expect_config_error([] { make_codec("topk", {{"ratio", "1.5"}}); }, {"ratio", "(0, 1]"});
+  expect_config_error([] { make_codec("topk", {{"error_feedback", "yes"}}); }, {"boolean"});
+  expect_config_error([] { make_codec("sign", {{"wire", "fp8"}}); }, {"'fp8'", "fp16, bf16"});
+  expect_config_error([] { make_codec("fp16", {{"wire", "bf16"}}); }, {"'bf16'"});
+  expect_config_error([] { make_codec("average", {{"rank", "2"}}); }, {"'rank'", "wire"});
+}
+
+TEST(MakeCodec, OneCodecServesOneCommunicator) {
+  run_ranks(1, [&](Communicator& comm) {
+    auto codec = make_codec("average");
+    GradBucket b = make_bucket({{2}}, at::ones({2}));
+    codec->reduce(comm, b)->wait();
+    auto other = comm.new_group({0});
+    EXPECT_THROW(codec->reduce(*other, b), ConfigError);
+  });
+}
+
+}  // namespace
+}  // namespace tandem
