@@ -1,6 +1,7 @@
 // Umbrella header: everything a training program needs from tandem.
 #pragma once
 
+#include <tandem/checkpoint/activation.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/compression.h>
 #include <tandem/collectives/gloo_communicator.h>
@@ -8,6 +9,6 @@
 #include <tandem/collectives/nccl_communicator.h>
 #include <tandem/collectives/reducer.h>
 #include <tandem/errors.h>
-#include <tandem/runtime/dist_env.h>
 #include <tandem/runtime/data_parallel.h>
+#include <tandem/runtime/dist_env.h>
 #include <tandem/runtime/init.h>
