@@ -5,6 +5,8 @@
 
 #include <c10/core/GradMode.h>
 
+#include <pthread.h>
+
 namespace tandem {
 
 StageThread::~StageThread() {
@@ -34,6 +36,7 @@ WorkPtr StageThread::submit(Communicator& wire, const GradBucket& bucket,
 }
 
 void StageThread::loop() {
+  pthread_setname_np(pthread_self(), "tandem-codec");
   c10::AutoGradMode no_grad(false);  // codec arithmetic is never part of a graph
   for (;;) {
     std::pair<std::shared_ptr<AsyncWork>, std::function<void()>> next;
