@@ -2,6 +2,7 @@
 #pragma once
 
 #include <tandem/checkpoint/activation.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/compression.h>
 #include <tandem/collectives/gloo_communicator.h>

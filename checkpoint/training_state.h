@@ -1,0 +1,29 @@
+// Built-in Checkpointable adapters (internal to libtandem): modules, optimizers, generators,
+// codecs, tensor and value callbacks.
+#pragma once
+
+#include <tandem/checkpoint/checkpoint_manager.h>
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+
+namespace tandem::detail {
+
+std::shared_ptr<Checkpointable> module_state(torch::nn::Module& module);
+std::shared_ptr<Checkpointable> optimizer_state(torch::optim::Optimizer& optimizer,
+                                                const std::string& name);
+std::shared_ptr<Checkpointable> generator_state(at::Generator generator);
+std::shared_ptr<Checkpointable> codec_state(GradCodec& codec);
+std::shared_ptr<Checkpointable> tensors_state(
+    std::function<std::map<std::string, at::Tensor>()> get,
+    std::function<void(const std::map<std::string, at::Tensor>&)> set);
+std::shared_ptr<Checkpointable> values_state(
+    std::function<std::map<std::string, CheckpointValue>()> get,
+    std::function<void(const std::map<std::string, CheckpointValue>&)> set);
+
+// "expected float32 [4, 3], found float16 [4]" style description.
+std::string describe_tensor(const at::Tensor& t);
+
+}  // namespace tandem::detail

@@ -1,0 +1,99 @@
+// A small, strict JSON reader and writer for checkpoint headers and manifests.
+//
+// Only what the checkpoint format needs, and nothing that can surprise: the parser accepts RFC 8259
+// JSON and rejects everything else (trailing commas, comments, NaN/Infinity, leading zeros,
+// unescaped control characters, invalid UTF-8 and unpaired surrogates, duplicate object keys,
+// trailing bytes). Every read is bounds-checked against the input; nesting depth, input size and
+// string length are limited (JsonLimits) so hostile input costs bounded time and memory. Errors
+// throw CheckpointError with the byte offset and what was expected. The parser is fuzzed
+// (tests/checkpoint/fuzz/) and never executes anything.
+//
+// Numbers: an integer literal that fits int64_t is kept exactly (is_int()); other numbers become
+// doubles. The writer prints int64 exactly and doubles with 17 significant digits (round trip);
+// it refuses non-finite doubles. Object members keep their order, so dump() is deterministic.
+//
+// Thread-safety: plain values; const methods may be called concurrently.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tandem {
+
+struct JsonLimits {
+  size_t max_input_bytes = 256u << 20;  // 256 MiB
+  int max_depth = 64;
+  size_t max_string_bytes = 64u << 20;
+};
+
+class JsonValue {
+ public:
+  enum class Type { kNull, kBool, kInt, kDouble, kString, kArray, kObject };
+  using Member = std::pair<std::string, JsonValue>;
+
+  JsonValue() = default;  // null
+  JsonValue(bool v) : type_(Type::kBool), bool_(v) {}           // NOLINT(runtime/explicit)
+  JsonValue(int v) : type_(Type::kInt), int_(v) {}              // NOLINT
+  JsonValue(int64_t v) : type_(Type::kInt), int_(v) {}          // NOLINT
+  JsonValue(uint64_t v);                                        // NOLINT; must fit int64
+  JsonValue(double v) : type_(Type::kDouble), double_(v) {}     // NOLINT
+  JsonValue(const char* v) : type_(Type::kString), string_(v) {}  // NOLINT
+  JsonValue(std::string v) : type_(Type::kString), string_(std::move(v)) {}  // NOLINT
+
+  static JsonValue array();
+  static JsonValue object();
+
+  Type type() const { return type_; }
+  bool is_null() const { return type_ == Type::kNull; }
+  bool is_bool() const { return type_ == Type::kBool; }
+  bool is_int() const { return type_ == Type::kInt; }
+  bool is_number() const { return type_ == Type::kInt || type_ == Type::kDouble; }
+  bool is_string() const { return type_ == Type::kString; }
+  bool is_array() const { return type_ == Type::kArray; }
+  bool is_object() const { return type_ == Type::kObject; }
+
+  // Typed access; a wrong type throws CheckpointError naming `what` (e.g. "manifest.step").
+  bool as_bool(const std::string& what) const;
+  int64_t as_int(const std::string& what) const;
+  double as_double(const std::string& what) const;  // ints convert
+  const std::string& as_string(const std::string& what) const;
+  const std::vector<JsonValue>& as_array(const std::string& what) const;
+  const std::vector<Member>& as_object(const std::string& what) const;
+
+  // Object access. find() returns nullptr when absent (or not an object); at() throws naming `what`.
+  const JsonValue* find(std::string_view key) const;
+  const JsonValue& at(std::string_view key, const std::string& what) const;
+
+  // Building. push_back on arrays, set on objects (appends; no duplicate check: the caller owns keys).
+  JsonValue& push_back(JsonValue v);
+  JsonValue& set(std::string key, JsonValue v);
+
+  // Serialises. indent < 0: compact (no spaces); otherwise pretty with that many spaces per level.
+  std::string dump(int indent = -1) const;
+
+ private:
+  void dump_to(std::string& out, int indent, int level) const;
+
+  Type type_ = Type::kNull;
+  bool bool_ = false;
+  int64_t int_ = 0;
+  double double_ = 0;
+  std::string string_;
+  std::vector<JsonValue> array_;
+  std::vector<Member> object_;
+};
+
+// Parses exactly one JSON value spanning all of `text` (whitespace around it allowed).
+JsonValue parse_json(std::string_view text, const JsonLimits& limits = {});
+
+// Appends `s` as a JSON string literal (with quotes) to `out`.
+void append_json_string(std::string& out, std::string_view s);
+
+// True when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).
+bool is_valid_utf8(std::string_view s);
+
+}  // namespace tandem

@@ -1,0 +1,635 @@
+// CheckpointManager end to end: bitwise round trip of every state kind, resume equivalence (SGD with
+// momentum, AdamW), async == sync byte for byte, faults through the manager, corruption and
+// fallback, errors surfacing from the async writer, sharded saves with 2 and 4 ranks as threads,
+// rank agreement, and loading at another world size.
+#include "checkpoint_test_util.h"
+#include "test_support.h"
+
+#include <tandem/checkpoint/checkpoint_manager.h>
+#include <tandem/checkpoint/fault_injection_file_system.h>
+#include <tandem/checkpoint/step_directory.h>
+#include <tandem/collectives/grad_codec.h>
+#include <tandem/errors.h>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <torch/nn/modules/batchnorm.h>
+#include <torch/nn/modules/dropout.h>
+#include <torch/nn/modules/linear.h>
+#include <torch/optim/adagrad.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/lbfgs.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
+
+#include <cerrno>
+#include <mutex>
+
+namespace tandem {
+namespace {
+
+using testing::run_ranks;
+using namespace tandem::ckpt_test;
+
+TEST(CheckpointManager, RoundTripsEveryStateKindBitwise) {
+  TempDir dir("roundtrip");
+  at::manual_seed(1);
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD sgd(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9).nesterov(true));
+  torch::optim::Adam adam(net->parameters(), torch::optim::AdamOptions(1e-3).amsgrad(true));
+  torch::optim::AdamW adamw(net->parameters(), 1e-3);
+  torch::optim::Adagrad adagrad(net->parameters(), 1e-2);
+  torch::optim::RMSprop rmsprop(net->parameters(), torch::optim::RMSpropOptions(1e-2).momentum(0.5).centered(true));
+  std::vector<torch::optim::Optimizer*> opts = {&sgd, &adam, &adamw, &adagrad, &rmsprop};
+  FakeCodec codec;
+  std::map<std::string, at::Tensor> extra = {{"half", at::randn({3, 2}).to(at::kHalf)},
+                                             {"bf16", at::randn({5}).to(at::kBFloat16)},
+                                             {"i16", at::arange(7, at::kShort)},
+                                             {"i8", at::arange(-3, 3, at::kChar)},
+                                             {"bool", at::rand({4}) > 0.5},
+                                             {"f64", at::randn({2, 2}, at::kDouble)},
+                                             {"empty", at::empty({0, 3})}};
+  std::map<std::string, CheckpointValue> loader = {
+      {"position", int64_t{12345}}, {"nan", std::nan("")}, {"inf", -INFINITY},
+      {"lr", 0.1 + 0.2}, {"name", std::string("epoch \"3\" \xe2\x9c\x93")}, {"shuffle", true}};
+  for (int i = 0; i < 3; ++i) {  // give every optimizer state
+    train_step(*net, opts, i);
+    codec.step();
+  }
+  const auto model_before = snapshot(net->named_parameters(), net->named_buffers());
+  const auto opt_before = optimizer_snapshot(opts);
+  const at::Tensor rng_before = at::detail::getDefaultCPUGenerator().get_state();
+  const auto codec_before = codec.state();
+  auto register_all = [&](CheckpointManager& m) {
+    m.add_module("model", net);
+    m.add_optimizer("sgd", sgd);
+    m.add_optimizer("adam", adam);
+    m.add_optimizer("adamw", adamw);
+    m.add_optimizer("adagrad", adagrad);
+    m.add_optimizer("rmsprop", rmsprop);
+    m.add_rng("rng");
+    m.add_codec("codec", codec);
+    m.add_tensors("extra", [&] { return extra; }, [&](const std::map<std::string, at::Tensor>& t) { extra = t; });
+    m.add_values("loader", [&] { return loader; }, [&](const std::map<std::string, CheckpointValue>& v) { loader = v; });
+  };
+  const auto extra_before = extra;
+  const auto loader_before = loader;
+  {
+    CheckpointManager m(options(dir.path, /*async=*/false));
+    register_all(m);
+    m.set_value("step", int64_t{3});
+    m.set_value("note", std::string("hello"));
+    m.save(3);
+  }
+  // Change everything.
+  for (int i = 0; i < 2; ++i) {
+    train_step(*net, opts, 10 + i);
+    codec.step();
+  }
+  at::manual_seed(999);
+  extra = {};
+  loader = {};
+  CheckpointManager m(options(dir.path, /*async=*/false));
+  register_all(m);
+  ASSERT_EQ(m.resume(), 3);
+  EXPECT_EQ(m.resumed_step(), 3);
+  expect_bitwise(model_before, snapshot(net->named_parameters(), net->named_buffers()), "model");
+  expect_bitwise(opt_before, optimizer_snapshot(opts), "optimizers");
+  EXPECT_TRUE(at::equal(rng_before, at::detail::getDefaultCPUGenerator().get_state()));
+  expect_bitwise(codec_before, codec.state(), "codec");
+  expect_bitwise(extra_before, extra, "extra");
+  ASSERT_EQ(loader.size(), loader_before.size());
+  for (const auto& [k, v] : loader_before) {
+    if (const double* d = std::get_if<double>(&v)) {
+      ASSERT_TRUE(std::holds_alternative<double>(loader.at(k))) << k;
+      EXPECT_EQ(std::memcmp(d, &std::get<double>(loader.at(k)), sizeof(double)), 0) << k;
+    } else {
+      EXPECT_EQ(loader.at(k), v) << k;
+    }
+  }
+  EXPECT_EQ(std::get<int64_t>(*m.value("step")), 3);
+  EXPECT_EQ(std::get<std::string>(*m.value("note")), "hello");
+  // Learning rates and other hyperparameters come back too.
+  EXPECT_EQ(static_cast<torch::optim::SGDOptions&>(sgd.param_groups()[0].options()).momentum(), 0.9);
+  EXPECT_TRUE(static_cast<torch::optim::AdamOptions&>(adam.param_groups()[0].options()).amsgrad());
+}
+
+TEST(CheckpointManager, NothingToResumeReturnsZeroAndChangesNothing) {
+  TempDir dir("empty");
+  auto net = std::make_shared<Net>();
+  const auto before = snapshot(net->named_parameters(), net->named_buffers());
+  CheckpointManager m(options(dir.path + "/does/not/exist", true));
+  m.add_module("model", net);
+  EXPECT_EQ(m.resume(), 0);
+  EXPECT_EQ(m.resumed_step(), -1);
+  expect_bitwise(before, snapshot(net->named_parameters(), net->named_buffers()), "model");
+}
+
+enum class OptKind { kSgdMomentum, kAdamW };
+
+// Trains 50 steps; with `interrupt`, saves every 10 steps, "dies" at step 37, and a fresh process
+// state (new model, optimizer, generator seed, manager) resumes from step 30 and finishes.
+std::vector<at::Tensor> train_run(OptKind kind, const std::string& dir, bool interrupt) {
+  auto make_opt = [&](Net& net) -> std::unique_ptr<torch::optim::Optimizer> {
+    if (kind == OptKind::kSgdMomentum) {
+      return std::make_unique<torch::optim::SGD>(net.parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+    }
+    return std::make_unique<torch::optim::AdamW>(net.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  };
+  at::manual_seed(42);
+  auto net = std::make_shared<Net>();
+  auto opt = make_opt(*net);
+  int64_t step = 0;
+  if (interrupt) {
+    auto m = std::make_unique<CheckpointManager>(options(dir, /*async=*/true, /*every=*/10));
+    m->add_module("model", net);
+    m->add_optimizer("optim", *opt);
+    m->add_rng("rng");
+    EXPECT_EQ(m->resume(), 0);
+    for (; step < 37; ++step) {
+      train_step(*net, {opt.get()}, step);
+      m->set_value("step", step + 1);
+      m->maybe_save(step + 1);
+    }
+    m->wait();
+    m.reset();
+    // Restart: everything new and different.
+    at::manual_seed(7);
+    net = std::make_shared<Net>();
+    opt = make_opt(*net);
+    m = std::make_unique<CheckpointManager>(options(dir, /*async=*/true, /*every=*/10));
+    m->add_module("model", net);
+    m->add_optimizer("optim", *opt);
+    m->add_rng("rng");
+    step = m->resume();
+    EXPECT_EQ(step, 30);
+    EXPECT_EQ(std::get<int64_t>(*m->value("step")), 30);
+    for (; step < 50; ++step) {
+      train_step(*net, {opt.get()}, step);
+      m->maybe_save(step + 1);
+    }
+    m->wait();
+  } else {
+    for (; step < 50; ++step) train_step(*net, {opt.get()}, step);
+  }
+  std::vector<at::Tensor> out;
+  for (const auto& p : net->parameters()) out.push_back(p.detach().clone());
+  return out;
+}
+
+TEST(CheckpointManager, ResumeEquivalenceSgdMomentum) {
+  TempDir dir("resume_sgd");
+  const auto straight = train_run(OptKind::kSgdMomentum, dir.path, false);
+  const auto resumed = train_run(OptKind::kSgdMomentum, dir.path, true);
+  ASSERT_EQ(straight.size(), resumed.size());
+  for (size_t i = 0; i < straight.size(); ++i) EXPECT_TRUE(bitwise_equal(straight[i], resumed[i])) << i;
+}
+
+TEST(CheckpointManager, ResumeEquivalenceAdamW) {
+  TempDir dir("resume_adamw");
+  const auto straight = train_run(OptKind::kAdamW, dir.path, false);
+  const auto resumed = train_run(OptKind::kAdamW, dir.path, true);
+  ASSERT_EQ(straight.size(), resumed.size());
+  for (size_t i = 0; i < straight.size(); ++i) EXPECT_TRUE(bitwise_equal(straight[i], resumed[i])) << i;
+}
+
+TEST(CheckpointManager, AsyncSaveEqualsSyncSaveByteForByte) {
+  TempDir dir("async_sync");
+  at::manual_seed(3);
+  auto net = std::make_shared<Net>();
+  torch::optim::AdamW opt(net->parameters(), 1e-3);
+  train_step(*net, {&opt}, 0);
+  for (const bool async : {false, true}) {
+    CheckpointManager m(options(dir.path + (async ? "/async" : "/sync"), async));
+    m.add_module("model", net);
+    m.add_optimizer("optim", opt);
+    m.add_rng("rng");
+    m.set_value("step", int64_t{1});
+    m.save(1);
+    m.wait();
+  }
+  for (const std::string& name : {std::string("manifest.json"), shard_file_name(0)}) {
+    const std::string a = read_all(step_directory(dir.path + "/sync", 1) + "/" + name);
+    const std::string b = read_all(step_directory(dir.path + "/async", 1) + "/" + name);
+    EXPECT_FALSE(a.empty());
+    EXPECT_TRUE(a == b) << name << " differs between sync and async saves";
+  }
+}
+
+TEST(CheckpointManager, AsyncSaveReturnsBeforeTheWriteAndTrainingMayContinue) {
+  TempDir dir("async_continue");
+  auto fs = std::make_shared<SlowFileSystem>();
+  at::manual_seed(3);
+  auto net = std::make_shared<Net>();
+  CheckpointManagerOptions o = options(dir.path, true);
+  o.file_system = fs;
+  CheckpointManager m(o);
+  m.add_module("model", net);
+  const auto saved = snapshot(net->named_parameters(), net->named_buffers());
+  fs->block();
+  m.save(1);  // returns although the writer is blocked on its first write
+  // Training changes the parameters while the writer still runs: the save keeps the staged copy.
+  {
+    at::NoGradGuard g;
+    for (auto& p : net->parameters()) p.add_(1.0);
+  }
+  fs->unblock();
+  m.wait();
+  EXPECT_GT(m.last_save_stats().bytes, 0u);
+  auto fresh = std::make_shared<Net>();
+  CheckpointManager r(options(dir.path, true));
+  r.add_module("model", fresh);
+  ASSERT_EQ(r.resume(), 1);
+  expect_bitwise(saved, snapshot(fresh->named_parameters(), fresh->named_buffers()), "model");
+}
+
+TEST(CheckpointManager, AsyncErrorsSurfaceOnTheNextCall) {
+  TempDir dir("async_error");
+  auto fs = std::make_shared<FaultInjectionFileSystem>();
+  auto net = std::make_shared<Net>();
+  CheckpointManagerOptions o = options(dir.path, true);
+  o.file_system = fs;
+  std::vector<std::string> warnings;
+  std::mutex mu;
+  o.on_warning = [&](const std::string& w) {
+    std::lock_guard<std::mutex> l(mu);
+    warnings.push_back(w);
+  };
+  {
+    CheckpointManager m(o);
+    m.add_module("model", net);
+    m.save(10);
+    m.wait();
+    fs->fail_all(FaultInjectionFileSystem::Op::kAppend, ENOSPC);
+    m.save(20);  // returns; the failure is the writer's
+    try {
+      m.wait();
+      ADD_FAILURE() << "wait() did not report the failed save";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("No space left on device"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("step 20"), std::string::npos) << e.what();
+    }
+    m.wait();  // reported once
+    m.save(30);  // fails again, reported by the next save
+    EXPECT_THROW(m.save(40), CheckpointError);
+    fs->reset();
+    m.save(50);
+    m.wait();
+    EXPECT_EQ(m.committed_steps(), (std::vector<int64_t>{50, 10}));
+    // A failure nobody waited for is reported by the destructor through the warning handler.
+    fs->fail_all(FaultInjectionFileSystem::Op::kSync, EIO);
+    m.save(60);
+  }
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings.back().find("never reported"), std::string::npos) << warnings.back();
+}
+
+TEST(CheckpointManager, EveryInjectedFaultLeavesPreviousOrNewCheckpoint) {
+  TempDir dir("manager_faults");
+  at::manual_seed(5);
+  auto net = std::make_shared<Net>();
+  torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+  train_step(*net, {&opt}, 0);
+  // Count the file-system ops of one save.
+  int64_t ops = 0;
+  {
+    auto fs = std::make_shared<FaultInjectionFileSystem>();
+    CheckpointManagerOptions o = options(dir.path + "/count", false);
+    o.file_system = fs;
+    CheckpointManager m(o);
+    m.add_module("model", net);
+    m.add_optimizer("optim", opt);
+    m.save(1);
+    fs->reset();
+    m.save(2);
+    ops = fs->ops();
+  }
+  ASSERT_GT(ops, 5);
+  for (int64_t k = 0; k < ops; ++k) {
+    for (const bool power_loss : {false, true}) {
+      const std::string d = dir.path + "/k" + std::to_string(k) + (power_loss ? "p" : "");
+      auto fs = std::make_shared<FaultInjectionFileSystem>();
+      CheckpointManagerOptions o = options(d, k % 2 == 0);  // async and sync alike
+      o.file_system = fs;
+      o.on_warning = [](const std::string&) {};
+      std::map<std::string, at::Tensor> at_step[3];
+      {
+        CheckpointManager m(o);
+        m.add_module("model", net);
+        m.add_optimizer("optim", opt);
+        at_step[1] = snapshot(net->named_parameters(), net->named_buffers());
+        m.save(1);
+        m.wait();
+        train_step(*net, {&opt}, 1);
+        at_step[2] = snapshot(net->named_parameters(), net->named_buffers());
+        fs->reset();
+        fs->crash_at(k);
+        try {
+          m.save(2);
+          m.wait();
+        } catch (const CheckpointError&) {
+        }
+      }
+      if (power_loss) fs->lose_unsynced();
+      fs->reset();
+      auto fresh = std::make_shared<Net>();
+      torch::optim::SGD fresh_opt(fresh->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
+      CheckpointManager r(o);
+      r.add_module("model", fresh);
+      r.add_optimizer("optim", fresh_opt);
+      const int64_t step = r.resume();
+      ASSERT_TRUE(step == 1 || step == 2) << "crash at op " << k << " left step " << step;
+      expect_bitwise(at_step[step], snapshot(fresh->named_parameters(), fresh->named_buffers()),
+                     "crash at op " + std::to_string(k));
+      for (const int64_t s : r.committed_steps()) {  // nothing committed is corrupt
+        EXPECT_NO_THROW(verify_committed(d, s)) << "op " << k << " step " << s;
+      }
+    }
+  }
+}
+
+TEST(CheckpointManager, CorruptTruncatedMissingAndUncommittedAreSkippedWithAWarning) {
+  struct Case {
+    const char* name;
+    std::function<void(const std::string& step_dir)> damage;
+    const char* reason;
+  };
+  const std::vector<Case> cases = {
+      {"bitflip", [](const std::string& d) { flip_bit(d + "/" + shard_file_name(0), -9); }, "checksum mismatch"},
+      {"header", [](const std::string& d) { flip_bit(d + "/" + shard_file_name(0), 20); }, "rank_00000.safetensors"},
+      {"truncated", [](const std::string& d) { truncate_file(d + "/" + shard_file_name(0), 100); }, "truncated"},
+      {"missing", [](const std::string& d) { std::remove((d + "/" + shard_file_name(0)).c_str()); }, "missing"},
+      {"manifest", [](const std::string& d) { flip_bit(d + "/manifest.json", 200); }, "manifest"},
+      {"uncommitted", [](const std::string& d) { std::remove((d + "/manifest.json").c_str()); }, "never committed"},
+  };
+  for (const auto& c : cases) {
+    TempDir dir(std::string("damage_") + c.name);
+    auto net = std::make_shared<Net>();
+    std::map<std::string, at::Tensor> at10;
+    {
+      CheckpointManager m(options(dir.path, false));
+      m.add_module("model", net);
+      at10 = snapshot(net->named_parameters(), net->named_buffers());
+      m.save(10);
+      {
+        at::NoGradGuard g;
+        for (auto& p : net->parameters()) p.mul_(2);
+      }
+      m.save(20);
+    }
+    c.damage(step_directory(dir.path, 20));
+    std::vector<std::string> warnings;
+    CheckpointManagerOptions o = options(dir.path, false);
+    o.on_warning = [&](const std::string& w) { warnings.push_back(w); };
+    auto fresh = std::make_shared<Net>();
+    CheckpointManager r(o);
+    r.add_module("model", fresh);
+    EXPECT_EQ(r.resume(), 10) << c.name;
+    expect_bitwise(at10, snapshot(fresh->named_parameters(), fresh->named_buffers()), c.name);
+    std::string all;
+    for (const auto& w : warnings) all += w + "\n";
+    EXPECT_NE(all.find("step_0000000020"), std::string::npos) << c.name << ": " << all;
+    EXPECT_NE(all.find(c.reason), std::string::npos) << c.name << ": " << all;
+  }
+}
+
+TEST(CheckpointManager, MismatchedStateIsAnErrorNotAFallback) {
+  TempDir dir("mismatch");
+  {
+    auto net = std::make_shared<Net>();
+    CheckpointManager m(options(dir.path, false));
+    m.add_module("model", net);
+    m.save(10);
+  }
+  auto other = std::make_shared<Net>(/*hidden=*/9);
+  CheckpointManager r(options(dir.path, false));
+  r.add_module("model", other);
+  try {
+    r.resume();
+    ADD_FAILURE() << "resume() accepted a checkpoint of another shape";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("fc1.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointManager, UnsupportedOptimizerNamesTheSupportedOnes) {
+  auto net = std::make_shared<Net>();
+  torch::optim::LBFGS lbfgs(net->parameters());
+  TempDir dir("lbfgs");
+  CheckpointManager m(options(dir.path, false));
+  try {
+    m.add_optimizer("lbfgs", lbfgs);
+    ADD_FAILURE() << "LBFGS accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("LBFGS"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("AdamW"), std::string::npos) << e.what();
+  }
+}
+
+TEST(CheckpointManager, KeepsTheLastK) {
+  TempDir dir("keep");
+  auto net = std::make_shared<Net>();
+  CheckpointManagerOptions o = options(dir.path, true, 10);
+  o.keep_last = 2;
+  CheckpointManager m(o);
+  m.add_module("model", net);
+  for (int64_t s = 1; s <= 50; ++s) m.maybe_save(s);
+  m.wait();
+  EXPECT_EQ(m.committed_steps(), (std::vector<int64_t>{50, 40}));
+}
+
+// ---- ranks as threads ---------------------------------------------------------------------
+
+struct RankState {
+  std::shared_ptr<Net> net;
+  FakeCodec codec;
+  std::map<std::string, CheckpointValue> loader;
+  at::Generator gen;
+};
+
+void setup_rank(RankState& s, int rank, uint64_t seed) {
+  s.gen = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(rank));
+  s.net = std::make_shared<Net>();
+  // Replicated model: the same values on every rank, from a private generator (ranks are threads
+  // sharing the global one).
+  at::Generator init = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::NoGradGuard no_grad;
+  for (auto& p : s.net->named_parameters()) p.value().copy_(at::randn(p.value().sizes(), init));
+  for (int i = 0; i <= rank; ++i) s.codec.step();
+  s.loader = {{"position", int64_t{1000 + rank}}, {"rank", static_cast<int64_t>(rank)}};
+}
+
+void register_rank(CheckpointManager& m, RankState& s) {
+  m.add_module("model", s.net);
+  m.add_rng("rng", s.gen);
+  m.add_codec("codec", s.codec);
+  m.add_values("loader", [&s] { return s.loader; },
+               [&s](const std::map<std::string, CheckpointValue>& v) { s.loader = v; }, Sharding::kSharded);
+}
+
+class Sharded : public ::testing::TestWithParam<int> {};
+
+TEST_P(Sharded, EveryRankWritesItsShardAndGetsItsOwnStateBack) {
+  const int world = GetParam();
+  TempDir dir("sharded" + std::to_string(world));
+  for (const bool async : {false, true}) {
+    const std::string d = dir.path + (async ? "/async" : "/sync");
+    run_ranks(world, [&](Communicator& comm) {
+      const int rank = comm.rank();
+      RankState s;
+      setup_rank(s, rank, 11);
+      const auto model = snapshot(s.net->named_parameters(), s.net->named_buffers());
+      const auto codec = s.codec.state();
+      const at::Tensor rng = s.gen.get_state();
+      {
+        CheckpointManager m(options(d, async, 0, shared_comm(comm)));
+        register_rank(m, s);
+        m.save(5);
+        m.wait();
+      }
+      // Scramble, then resume on fresh managers.
+      RankState t;
+      setup_rank(t, rank, 99);
+      t.codec.step();
+      t.loader.clear();
+      CheckpointManager r(options(d, async, 0, shared_comm(comm)));
+      register_rank(r, t);
+      EXPECT_EQ(r.resume(), 5);
+      expect_bitwise(model, snapshot(t.net->named_parameters(), t.net->named_buffers()), "model");
+      expect_bitwise(codec, t.codec.state(), "codec rank " + std::to_string(rank));
+      EXPECT_TRUE(at::equal(rng, t.gen.get_state())) << rank;
+      EXPECT_EQ(std::get<int64_t>(t.loader.at("position")), 1000 + rank);
+    });
+    // One file per rank; the replicated model only in rank 0's.
+    const Manifest man = read_manifest(*posix_file_system(), d, 5);
+    ASSERT_EQ(static_cast<int>(man.files.size()), world);
+    for (const auto& f : man.files) {
+      bool has_model = false;
+      for (const auto& t : f.tensors) has_model = has_model || t.name.rfind("model/", 0) == 0;
+      EXPECT_EQ(has_model, f.rank == 0) << f.name;
+      EXPECT_NO_THROW(verify_committed(d, 5));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, Sharded, ::testing::Values(2, 4));
+
+TEST(CheckpointManagerRanks, ReplicatedStateWrittenOnceAndLoadsAtAnotherWorldSize) {
+  TempDir dir("reshard");
+  at::manual_seed(21);
+  auto reference = std::make_shared<Net>();
+  const auto model = snapshot(reference->named_parameters(), reference->named_buffers());
+  run_ranks(4, [&](Communicator& comm) {
+    auto net = std::make_shared<Net>();
+    {
+      at::NoGradGuard g;
+      auto params = net->named_parameters();
+      for (auto& p : params) p.value().copy_(model.at(p.key()));
+    }
+    CheckpointManager m(options(dir.path, true, 0, shared_comm(comm)));
+    m.add_module("model", net);
+    m.set_value("step", int64_t{8});
+    m.save(8);
+    m.wait();
+  });
+  const Manifest man = read_manifest(*posix_file_system(), dir.path, 8);
+  EXPECT_EQ(man.world_size, 4);
+  ASSERT_EQ(man.files.size(), 1u);  // only rank 0 holds unique state
+  for (const int world : {2, 1}) {
+    run_ranks(world, [&](Communicator& comm) {
+      auto net = std::make_shared<Net>();
+      CheckpointManager r(options(dir.path, true, 0, shared_comm(comm)));
+      r.add_module("model", net);
+      EXPECT_EQ(r.resume(), 8);
+      expect_bitwise(model, snapshot(net->named_parameters(), net->named_buffers()), "model");
+    });
+  }
+}
+
+TEST(CheckpointManagerRanks, ShardedStateAtAnotherWorldSizeIsAnErrorUnlessReplicatedOnly) {
+  TempDir dir("reshard_sharded");
+  run_ranks(2, [&](Communicator& comm) {
+    RankState s;
+    setup_rank(s, comm.rank(), 3);
+    CheckpointManager m(options(dir.path, false, 0, shared_comm(comm)));
+    register_rank(m, s);
+    m.save(4);
+  });
+  RankState s;
+  setup_rank(s, 0, 50);
+  {
+    CheckpointManager r(options(dir.path, false));
+    register_rank(r, s);
+    try {
+      r.resume();
+      ADD_FAILURE() << "sharded state loaded at another world size";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("saved by 2 ranks"), std::string::npos) << e.what();
+    }
+  }
+  CheckpointManagerOptions o = options(dir.path, false);
+  o.reshard = ReshardPolicy::kLoadReplicatedOnly;
+  o.on_warning = [](const std::string&) {};
+  const at::Tensor rng = s.gen.get_state();
+  CheckpointManager r(o);
+  register_rank(r, s);
+  EXPECT_EQ(r.resume(), 4);
+  EXPECT_TRUE(at::equal(rng, s.gen.get_state()));  // sharded state untouched
+}
+
+TEST(CheckpointManagerRanks, RanksAgreeOnTheNewestStepValidEverywhere) {
+  TempDir dir("agree");
+  run_ranks(2, [&](Communicator& comm) {
+    RankState s;
+    setup_rank(s, comm.rank(), 1);
+    CheckpointManager m(options(dir.path, false, 0, shared_comm(comm)));
+    register_rank(m, s);
+    m.save(10);
+    s.codec.step();
+    m.save(20);
+  });
+  // Only rank 1's shard of step 20 is damaged: rank 0 alone would take step 20.
+  flip_bit(step_directory(dir.path, 20) + "/" + shard_file_name(1), -3);
+  run_ranks(2, [&](Communicator& comm) {
+    RankState s;
+    setup_rank(s, comm.rank(), 2);
+    CheckpointManagerOptions o = options(dir.path, false, 0, shared_comm(comm));
+    o.on_warning = [](const std::string&) {};
+    CheckpointManager r(o);
+    register_rank(r, s);
+    EXPECT_EQ(r.resume(), 10) << "rank " << comm.rank();
+  });
+}
+
+TEST(CheckpointManagerRanks, NoCommitUnlessEveryRankWroteItsShard) {
+  TempDir dir("two_phase");
+  run_ranks(2, [&](Communicator& comm) {
+    auto fs = std::make_shared<FaultInjectionFileSystem>();
+    RankState s;
+    setup_rank(s, comm.rank(), 1);
+    CheckpointManagerOptions o = options(dir.path, true, 0, shared_comm(comm));
+    o.file_system = fs;
+    CheckpointManager m(o);
+    register_rank(m, s);
+    m.save(10);
+    m.wait();
+    if (comm.rank() == 1) fs->fail_all(FaultInjectionFileSystem::Op::kAppend, ENOSPC);
+    m.save(20);
+    try {
+      m.wait();
+      ADD_FAILURE() << "rank " << comm.rank() << ": the failed save was not reported";
+    } catch (const CheckpointError& e) {
+      const std::string want = comm.rank() == 1 ? "No space left" : "rank(s) 1 failed";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(m.committed_steps(), (std::vector<int64_t>{10}));
+    fs->reset();
+    m.save(30);  // and the next one works
+    m.wait();
+    EXPECT_EQ(m.committed_steps().front(), 30);
+  });
+}
+
+}  // namespace
+}  // namespace tandem
