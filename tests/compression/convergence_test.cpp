@@ -1,9 +1,11 @@
 // DataParallel training with each codec on a fixed synthetic task (2 ranks as threads,
 // deterministic data): compressed runs with error feedback end close to the uncompressed loss,
-// the same codecs without error feedback end measurably worse, and a run resumed from saved
-// codec state follows the uninterrupted trajectory bit for bit.
+// the same codecs without error feedback end measurably worse, and a run resumed from a
+// training-state checkpoint holding the codec state follows the uninterrupted trajectory bit for
+// bit.
 #include "test_support.h"
 
+#include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/collectives/compression.h>
 #include <tandem/runtime/data_parallel.h>
 
@@ -11,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <mutex>
 
 namespace tandem {
@@ -53,46 +57,63 @@ struct Task {
   }
 };
 
+std::string make_temp_dir() {
+  std::string path = (std::filesystem::temp_directory_path() / "tandem-compression-XXXXXX").string();
+  if (::mkdtemp(path.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  return path;
+}
+
 struct Result {
   double eval_loss = 0;
   std::vector<at::Tensor> params;  // rank 0's, after the last step
 };
 
 // Trains `steps` steps of SGD on every rank; `codec` null = uncompressed. With `resume_at` > 0
-// the run stops there, and a new model, optimizer, codec and DataParallel continue from copies
-// of the parameters and of DataParallel::state() (bucket plan and codec state), as a
-// checkpoint would carry them.
+// the run is checkpointed there (CheckpointManager, synchronous: model, optimizer and
+// DataParallel::state(), i.e. bucket plan and codec state, per rank), every object is made anew
+// (model, optimizer, codec, DataParallel, manager), and resume() restores them before training
+// goes on.
 Result train(const std::function<std::shared_ptr<GradCodec>()>& make_codec_fn, int steps,
-             int resume_at = 0) {
+             int resume_at = 0, double momentum = 0) {
   Result result;
+  const std::string dir = resume_at > 0 ? make_temp_dir() : "";
   run_ranks(kWorld, [&](Communicator& comm) {
     at::set_num_threads(1);
     Task task;
     std::shared_ptr<Communicator> shared(&comm, [](Communicator*) {});
-    auto model = make_model();
-    DataParallelOptions o;
-    o.bucket_cap_mb = 0.05;  // a few buckets
-    o.first_bucket_cap_mb = 0.01;
-    o.codec = make_codec_fn ? make_codec_fn() : nullptr;
-    auto ddp = std::make_unique<DataParallel<torch::nn::SequentialImpl>>(model, shared, o);
-    auto opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05));
+    torch::nn::Sequential model;
+    std::unique_ptr<DataParallel<torch::nn::SequentialImpl>> ddp;
+    std::unique_ptr<torch::optim::SGD> opt;
+    std::unique_ptr<CheckpointManager> ckpt;
+    auto start = [&] {
+      model = make_model();
+      DataParallelOptions o;
+      o.bucket_cap_mb = 0.05;  // a few buckets
+      o.first_bucket_cap_mb = 0.01;
+      o.codec = make_codec_fn ? make_codec_fn() : nullptr;
+      ddp = std::make_unique<DataParallel<torch::nn::SequentialImpl>>(model, shared, o);
+      opt = std::make_unique<torch::optim::SGD>(
+          model->parameters(), torch::optim::SGDOptions(0.05).momentum(momentum));
+      if (resume_at == 0) return;
+      CheckpointManagerOptions c;
+      c.directory = dir;
+      c.async = false;
+      c.communicator = shared;
+      ckpt = std::make_unique<CheckpointManager>(c);
+      ckpt->add_module("model", *model);
+      ckpt->add_optimizer("optim", *opt);
+      ckpt->add_tensors("ddp", [&] { return ddp->state(); },
+                        [&](const std::map<std::string, at::Tensor>& s) { ddp->load_state(s); },
+                        Sharding::kSharded);
+    };
+    start();
     for (int step = 0; step < steps; ++step) {
       if (resume_at > 0 && step == resume_at) {
-        // "Restart": fresh objects.
-        std::vector<at::Tensor> saved_params;
-        for (const auto& p : model->parameters()) saved_params.push_back(p.detach().clone());
-        std::map<std::string, at::Tensor> ddp_state;
-        for (const auto& [name, t] : ddp->state()) ddp_state[name] = t.clone();
+        ckpt->save(step);
+        ckpt.reset();
         ddp.reset();
-        model = make_model();
-        {
-          torch::NoGradGuard no_grad;
-          for (size_t i = 0; i < saved_params.size(); ++i) model->parameters()[i].copy_(saved_params[i]);
-        }
-        o.codec = make_codec_fn();
-        ddp = std::make_unique<DataParallel<torch::nn::SequentialImpl>>(model, shared, o);
-        ddp->load_state(ddp_state);
-        opt = std::make_unique<torch::optim::SGD>(model->parameters(), torch::optim::SGDOptions(0.05));
+        start();  // a new process would start here
+        EXPECT_EQ(ckpt->resume(), resume_at);
       }
       auto [x, y] = task.batch(1000 * step + comm.rank(), kBatch);
       opt->zero_grad();
@@ -106,6 +127,7 @@ Result train(const std::function<std::shared_ptr<GradCodec>()>& make_codec_fn, i
       for (const auto& p : model->parameters()) result.params.push_back(p.detach().clone());
     }
   });
+  if (!dir.empty()) std::filesystem::remove_all(dir);
   return result;
 }
 
@@ -146,15 +168,15 @@ TEST(Convergence, ErrorFeedbackReachesTheUncompressedLossAndWithoutItTrainingIsW
   }
 }
 
-TEST(Convergence, ResumingFromSavedCodecStateFollowsTheSameTrajectory) {
+TEST(Convergence, ResumingFromACheckpointWithCodecStateFollowsTheSameTrajectory) {
   const std::vector<std::pair<const char*, std::function<std::shared_ptr<GradCodec>()>>> codecs = {
       {"powersgd", [] { return powersgd(true); }},
       {"topk", [] { return topk(true); }},
       {"sign+bf16", [] { return make_cast_codec(at::kBFloat16, make_sign_codec()); }},
   };
   for (const auto& [name, make] : codecs) {
-    const Result straight = train(make, 30);
-    const Result resumed = train(make, 30, /*resume_at=*/17);
+    const Result straight = train(make, 30, 0, /*momentum=*/0.9);
+    const Result resumed = train(make, 30, /*resume_at=*/17, /*momentum=*/0.9);
     ASSERT_EQ(straight.params.size(), resumed.params.size());
     for (size_t i = 0; i < straight.params.size(); ++i) {
       EXPECT_TRUE(at::equal(straight.params[i], resumed.params[i])) << name << " parameter " << i;
