@@ -13,3 +13,7 @@
 #include <tandem/runtime/data_parallel.h>
 #include <tandem/runtime/dist_env.h>
 #include <tandem/runtime/init.h>
+#include <tandem/runtime/pipeline_parallel.h>
+#include <tandem/runtime/pipeline_schedule.h>
+#include <tandem/runtime/pipeline_simulate.h>
+#include <tandem/runtime/run_main.h>

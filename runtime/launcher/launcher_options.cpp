@@ -27,15 +27,16 @@ constexpr const char* kDescription =
     "Each worker gets the torchrun environment (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,\n"
     "GROUP_RANK, ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*), its "
     "output\n"
-    "lines are prefixed with \"[rank R]: \", and when one worker fails the others are stopped.";
+    "lines are prefixed with \"[rank R]: \", and when one worker fails the others are stopped\n"
+    "(and, with --max-restarts, all are started again).";
 
 constexpr const char* kFooter =
     "Everything from PROGRAM on is passed to the program unchanged (use -- before PROGRAM if its\n"
     "name starts with '-'). Options also read torchrun's PET_<NAME> environment variables.\n"
     "OMP_NUM_THREADS is set to 1 for every worker when it is unset and --nproc-per-node > 1.\n"
     "\n"
-    "Exit status: 0 all workers exited 0; 1 a worker failed (a summary names it); 2 bad command "
-    "line;\n"
+    "Exit status: 0 all workers exited 0 (possibly after restarts); 1 a worker failed and no\n"
+    "restart was left (a summary names the root cause); 2 bad command line;\n"
     "128+N tandemrun was stopped by signal N (forwarded to the workers first).\n"
     "See docs/launcher.md.";
 
@@ -99,6 +100,24 @@ void validate(const LauncherOptions& o, bool port_given) {
     std::ostringstream v;
     v << o.grace_period_s;
     throw ConfigError("--grace-period-s must be between 0 and 3600 seconds (got " + v.str() + ")");
+  }
+  if (o.max_restarts < 0 || o.max_restarts > 1'000'000) {
+    throw ConfigError("--max-restarts must be between 0 and 1000000 (got " +
+                      std::to_string(o.max_restarts) + ")");
+  }
+  if (!std::isfinite(o.monitor_interval_s) || o.monitor_interval_s < 0.001 ||
+      o.monitor_interval_s > 60) {
+    std::ostringstream v;
+    v << o.monitor_interval_s;
+    throw ConfigError("--monitor-interval must be between 0.001 and 60 seconds (got " + v.str() +
+                      ")");
+  }
+  if (!std::isfinite(o.heartbeat_timeout_s) || o.heartbeat_timeout_s < 0 ||
+      o.heartbeat_timeout_s > 86400) {
+    std::ostringstream v;
+    v << o.heartbeat_timeout_s;
+    throw ConfigError("--heartbeat-timeout must be between 0 (off) and 86400 seconds (got " +
+                      v.str() + ")");
   }
 }
 
@@ -198,6 +217,18 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
       ->envname("PET_RUN_ID");
   app.add_option("--grace-period-s,--grace_period_s", o.grace_period_s,
                  "Seconds stopping workers get between SIGTERM and SIGKILL")
+      ->capture_default_str();
+  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
+                 "Restarts of all workers after a worker failure before giving up")
+      ->envname("PET_MAX_RESTARTS")
+      ->capture_default_str();
+  app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval_s,
+                 "Seconds between heartbeat checks (exits are noticed at once)")
+      ->envname("PET_MONITOR_INTERVAL")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout,--heartbeat_timeout", o.heartbeat_timeout_s,
+                 "Seconds without tandem::heartbeat() after the first one before a worker counts "
+                 "as hung and failed (0: off)")
       ->capture_default_str();
 
   try {

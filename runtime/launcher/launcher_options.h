@@ -22,7 +22,9 @@ struct LauncherOptions {
   bool standalone = false;               // pick a free port on master_addr
   std::string run_id;                    // TORCHELASTIC_RUN_ID; generated when empty
   double grace_period_s = 5.0;           // SIGTERM -> SIGKILL delay when stopping workers
-  int max_restarts = 0;                  // TORCHELASTIC_MAX_RESTARTS; restarts come with the agent
+  int max_restarts = 0;                  // TORCHELASTIC_MAX_RESTARTS: restarts of the whole group
+  double monitor_interval_s = 0.1;       // how often heartbeats are checked (torchrun's default)
+  double heartbeat_timeout_s = 0;        // a worker silent this long after its first beat fails; 0 off
 
   std::string program;                    // as the user wrote it (argv[0] of every worker)
   std::string program_path;               // resolved like execvp does (PATH search), executable

@@ -1,6 +1,7 @@
 // tandemrun: the torchrun-style local launcher. See docs/launcher.md.
 //
-// Exit status: 0 all workers exited 0; 1 a worker failed (or the launch itself failed);
+// Exit status: 0 all workers exited 0 (possibly after restarts); 1 a worker failed and no
+// restart was left (or the launch itself failed);
 // 2 bad command line, nothing started; 128+N stopped by signal N.
 //
 // A plain POSIX program on purpose: it links neither libtorch nor the tandem library, so it
@@ -8,11 +9,14 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <sstream>
 
+#include "error_file.h"
 #include "fd_io.h"
+#include "free_port.h"
 #include "launcher_options.h"
 #include "run_summary.h"
 #include "signal_relay.h"
@@ -26,42 +30,118 @@ namespace {
 constexpr int kExitWorkerFailed = 1;
 constexpr int kExitUsage = 2;
 
+// How long the other workers may take to fail by themselves after a failure that looks like the
+// consequence of another one (bounded by --grace-period-s as well).
+constexpr std::chrono::milliseconds kSettleLimit{3000};
+
+// A communication error (a peer died or timed out) is usually the consequence of another worker's
+// failure, not a cause: tandem's CommError / TimeoutError as run_main writes them.
+bool looks_secondary(const WorkerError& error) {
+  for (const char* prefix : {"tandem::CommError:", "tandem::TimeoutError:"}) {
+    if (error.message.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// The root cause of one attempt among the workers that failed by themselves: the first seen
+// whose error does not look secondary; the first seen failure when all do (or none says).
+int root_cause_local_rank(const std::vector<Worker>& workers, int first_seen) {
+  int best = -1;
+  int best_order = 0;
+  for (const auto& w : workers) {
+    if (!w.failed_on_its_own() && w.local_rank != first_seen) continue;
+    const auto error = read_error_file(w.error_file);
+    if (error && looks_secondary(*error)) continue;
+    if (best < 0 || w.failure_order < best_order) {
+      best = w.local_rank;
+      best_order = w.failure_order;
+    }
+  }
+  return best >= 0 ? best : first_seen;
+}
+
 std::string seconds(double s) {
   std::ostringstream text;
   text << s << " s";
   return text.str();
 }
 
-int run_workers(const LauncherOptions& options, std::vector<std::string> env) {
+int run_workers(LauncherOptions options, std::vector<std::string> env) {
   const auto grace = std::chrono::milliseconds(std::llround(options.grace_period_s * 1000.0));
   SignalRelay signals;
   WorkerGroup group(options, std::move(env), signals);
-  group.start(/*restart_count=*/0);
-  const MonitorResult result = group.monitor();
-  switch (result.outcome) {
-    case MonitorResult::Outcome::kSucceeded:
-      group.stop(SIGTERM, grace);  // all exited: only ends what they may have left running
-      return 0;
-    case MonitorResult::Outcome::kWorkerFailed: {
-      const Worker& failed = group.workers()[static_cast<std::size_t>(result.failed_local_rank)];
-      if (group.workers().size() > 1) {
-        log_line("rank " + std::to_string(failed.rank) + " " + describe(*failed.exit) +
-                 "; stopping the other workers (SIGTERM, SIGKILL after " +
-                 seconds(options.grace_period_s) + ")");
-      }
-      group.stop(SIGTERM, grace);
-      print_failure_summary(group.workers(), result.failed_local_rank, options.grace_period_s);
-      return kExitWorkerFailed;
+  std::vector<FailureRecord> failures;  // the first failure of every attempt, in order
+  for (int restart_count = 0;; ++restart_count) {
+    if (restart_count > 0 && options.standalone) {
+      // A fresh port per attempt: the old rank 0's store socket may linger (TIME_WAIT).
+      group.set_master_port(pick_free_port(options.master_addr));
     }
-    case MonitorResult::Outcome::kInterrupted:
-      log_line("received " + signal_name(result.signal) +
-               "; forwarding it to the workers (SIGKILL after " + seconds(options.grace_period_s) +
-               ")");
-      group.stop(result.signal, grace);
-      print_interrupt_summary(group.workers(), result.signal, options.grace_period_s);
-      return 128 + result.signal;
+    group.start(restart_count);
+    const MonitorResult result = group.monitor();
+    switch (result.outcome) {
+      case MonitorResult::Outcome::kSucceeded:
+        group.stop(SIGTERM, grace);  // all exited: only ends what they may have left running
+        if (restart_count > 0) {
+          log_line("all workers exited 0 after " + std::to_string(restart_count) + " restart" +
+                   (restart_count == 1 ? "" : "s"));
+        }
+        return 0;
+      case MonitorResult::Outcome::kWorkerFailed: {
+        const Worker& first_seen =
+            group.workers()[static_cast<std::size_t>(result.failed_local_rank)];
+        if (group.workers().size() > 1) {
+          log_line("rank " + std::to_string(first_seen.rank) + " " +
+                   describe_failure(first_seen, options.heartbeat_timeout_s) +
+                   "; stopping the other workers (SIGTERM, SIGKILL after " +
+                   seconds(options.grace_period_s) + ")");
+          // A worker that failed because a peer failed first (its communicator saw the peer go)
+          // may exit before that peer has finished failing: give the others a moment to fail by
+          // themselves and write their error files, so the root cause is the peer.
+          const auto error = read_error_file(first_seen.error_file);
+          if (error && looks_secondary(*error)) {
+            // Until some worker failed for a reason of its own.
+            group.settle(std::min(grace, kSettleLimit), [&group] {
+              for (const auto& w : group.workers()) {
+                if (!w.failed_on_its_own()) continue;
+                const auto e = read_error_file(w.error_file);
+                if (!e || !looks_secondary(*e)) return true;
+              }
+              return false;
+            });
+          }
+        }
+        group.stop(SIGTERM, grace);
+        const int root = root_cause_local_rank(group.workers(), result.failed_local_rank);
+        const Worker& failed = group.workers()[static_cast<std::size_t>(root)];
+        failures.push_back(record_failure(failed, restart_count, options.heartbeat_timeout_s));
+        const int stop_signal = group.received_stop_signal();
+        if (restart_count < options.max_restarts && stop_signal == 0) {
+          const FailureRecord& f = failures.back();
+          log_line("rank " + std::to_string(f.rank) + " " + f.what +
+                   (f.error ? ": " + f.error->message : std::string()) +
+                   "; restarting all workers (restart " + std::to_string(restart_count + 1) +
+                   " of at most " + std::to_string(options.max_restarts) + ")");
+          continue;
+        }
+        print_failure_summary(group.workers(), root, options.grace_period_s);
+        print_root_cause(failures, options.max_restarts);
+        if (stop_signal != 0) {
+          log_line("received " + signal_name(stop_signal) + " while handling the failure; not " +
+                   "restarting");
+          return 128 + stop_signal;
+        }
+        return kExitWorkerFailed;
+      }
+      case MonitorResult::Outcome::kInterrupted:
+        log_line("received " + signal_name(result.signal) +
+                 "; forwarding it to the workers (SIGKILL after " +
+                 seconds(options.grace_period_s) + ")");
+        group.stop(result.signal, grace);
+        print_interrupt_summary(group.workers(), result.signal, options.grace_period_s);
+        return 128 + result.signal;
+    }
+    return kExitWorkerFailed;
   }
-  return kExitWorkerFailed;
 }
 
 int tandemrun_main(int argc, char** argv) {

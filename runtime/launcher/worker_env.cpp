@@ -50,15 +50,23 @@ std::vector<std::string> build_worker_env(const LauncherOptions& options, const 
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
   };
   if (omp_threads_defaulted(options, base_env)) vars["OMP_NUM_THREADS"] = "1";
+  // Per-worker channels; an inherited value would point every worker at the same file.
+  const std::map<std::string, std::string> channels = {
+      {"TORCHELASTIC_ERROR_FILE", slot.error_file}, {"TANDEM_HEARTBEAT_FILE", slot.heartbeat_file}};
 
   std::vector<std::string> env;
   env.reserve(base_env.size() + vars.size());
   for (const auto& entry : base_env) {
     const auto eq = entry.find('=');
-    if (eq != std::string::npos && vars.count(entry.substr(0, eq)) > 0) continue;  // replaced below
+    if (eq != std::string::npos &&
+        (vars.count(entry.substr(0, eq)) > 0 || channels.count(entry.substr(0, eq)) > 0))
+      continue;  // replaced (or removed) below
     env.push_back(entry);
   }
   for (const auto& [key, value] : vars) env.push_back(key + "=" + value);
+  for (const auto& [key, value] : channels) {
+    if (!value.empty()) env.push_back(key + "=" + value);
+  }
   return env;
 }
 

@@ -12,6 +12,8 @@ namespace tandem::launcher {
 struct WorkerSlot {
   int local_rank = 0;     // 0..nproc_per_node-1 on this node
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: how often the group was restarted so far
+  std::string error_file;      // TORCHELASTIC_ERROR_FILE when not empty
+  std::string heartbeat_file;  // TANDEM_HEARTBEAT_FILE when not empty (--heartbeat-timeout > 0)
 };
 
 // Global rank of a local worker: node_rank * nproc_per_node + local_rank (torchrun's layout).

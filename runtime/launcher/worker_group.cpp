@@ -1,14 +1,19 @@
 #include "worker_group.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <ctime>
 
 #include "tandem/errors.h"
 #include "worker_env.h"
@@ -56,6 +61,16 @@ struct ChildFailure {
   child_fail(status_fd, kExec, errno);
 }
 
+// Seconds since `path` was last modified (its heartbeat); nullopt while it does not exist.
+std::optional<double> seconds_since_modified(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
+         static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) * 1e-9;
+}
+
 std::vector<char*> c_strings(std::vector<std::string>& strings) {
   std::vector<char*> pointers;
   pointers.reserve(strings.size() + 1);
@@ -74,9 +89,27 @@ WorkerGroup::WorkerGroup(LauncherOptions options, std::vector<std::string> base_
   dev_null_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
   if (!dev_null_.valid())
     throw Error(std::string("cannot open /dev/null: ") + std::strerror(errno));
+  const char* tmp = std::getenv("TMPDIR");
+  std::string dir_template =
+      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tandemrun-XXXXXX";
+  if (::mkdtemp(dir_template.data()) == nullptr) {
+    throw Error("cannot create a directory for the workers' error files (" + dir_template +
+                "): " + std::strerror(errno) + "; set TMPDIR to a writable directory");
+  }
+  state_dir_ = dir_template;
 }
 
 WorkerGroup::~WorkerGroup() {
+  if (!state_dir_.empty()) {
+    if (DIR* dir = ::opendir(state_dir_.c_str())) {
+      while (const dirent* entry = ::readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") ::unlink((state_dir_ + "/" + name).c_str());
+      }
+      ::closedir(dir);
+    }
+    ::rmdir(state_dir_.c_str());
+  }
   if (!any_running() &&
       std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.reaped; })) {
     return;
@@ -100,6 +133,7 @@ void WorkerGroup::start(int restart_count) {
   reap_all();
   workers_.clear();
   first_failure_ = -1;
+  failures_seen_ = 0;
   try {
     for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank)
       spawn(local_rank, restart_count);
@@ -111,9 +145,17 @@ void WorkerGroup::start(int restart_count) {
 
 void WorkerGroup::spawn(int local_rank, int restart_count) {
   const int rank = global_rank(options_, local_rank);
+  WorkerSlot slot;
+  slot.local_rank = local_rank;
+  slot.restart_count = restart_count;
+  const std::string file_stem =
+      state_dir_ + "/restart" + std::to_string(restart_count) + "-rank" + std::to_string(rank);
+  slot.error_file = file_stem + ".error.json";
+  if (options_.heartbeat_timeout_s > 0) slot.heartbeat_file = file_stem + ".heartbeat";
+  ::unlink(slot.error_file.c_str());
+  if (!slot.heartbeat_file.empty()) ::unlink(slot.heartbeat_file.c_str());
   // Everything the child needs is prepared before fork(): after it, only async-signal-safe calls.
-  std::vector<std::string> env =
-      build_worker_env(options_, WorkerSlot{local_rank, restart_count}, base_env_);
+  std::vector<std::string> env = build_worker_env(options_, slot, base_env_);
   std::vector<std::string> args{options_.program};
   args.insert(args.end(), options_.program_args.begin(), options_.program_args.end());
   std::vector<char*> argv = c_strings(args);
@@ -146,6 +188,8 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
   worker.local_rank = local_rank;
   worker.rank = rank;
   worker.pid = pid;
+  worker.error_file = slot.error_file;
+  worker.heartbeat_file = slot.heartbeat_file;
   workers_.push_back(worker);
   out.write.reset();
   err.write.reset();
@@ -184,12 +228,37 @@ MonitorResult WorkerGroup::monitor() {
       return result;
     }
     if (!any_running()) return MonitorResult{};
-    pump_once(std::nullopt);
+    if (options_.heartbeat_timeout_s > 0) {
+      check_heartbeats();
+      if (first_failure_ >= 0) continue;
+      pump_once(Clock::now() +
+                std::chrono::microseconds(std::llround(options_.monitor_interval_s * 1e6)));
+    } else {
+      pump_once(std::nullopt);
+    }
+  }
+}
+
+void WorkerGroup::check_heartbeats() {
+  for (auto& w : workers_) {
+    if (w.exit || w.reaped || w.heartbeat_file.empty()) continue;
+    const std::optional<double> silent = seconds_since_modified(w.heartbeat_file);
+    if (!silent || *silent <= options_.heartbeat_timeout_s) continue;  // no beat yet, or alive
+    w.hung = true;
+    w.silent_s = *silent;
+    w.failure_order = failures_seen_++;
+    if (first_failure_ < 0) first_failure_ = w.local_rank;
   }
 }
 
 void WorkerGroup::stop(int first_signal, std::chrono::milliseconds grace) {
   signal_all(first_signal);
+  if (first_signal != SIGKILL && first_signal != SIGCONT) {
+    // A stopped worker (SIGSTOP, a debugger detached) would only act on the signal once continued.
+    for (const auto& w : workers_) {
+      if (!w.reaped && w.pid > 0 && !w.exit) ::killpg(w.pid, SIGCONT);
+    }
+  }
   const auto grace_end = Clock::now() + grace;
   bool cut_short = false;
   while (any_running() && Clock::now() < grace_end) {
@@ -222,6 +291,12 @@ void WorkerGroup::stop(int first_signal, std::chrono::milliseconds grace) {
   reap_all();
 }
 
+void WorkerGroup::settle(std::chrono::milliseconds limit, const std::function<bool()>& done) {
+  const auto end = Clock::now() + limit;
+  while (any_running() && Clock::now() < end && pending_stop_signals_.empty() && !done())
+    pump_once(end);
+}
+
 void WorkerGroup::pump_once(std::optional<Clock::time_point> deadline) {
   std::vector<pollfd> fds;
   fds.push_back(pollfd{signals_.fd(), POLLIN, 0});
@@ -238,6 +313,8 @@ void WorkerGroup::pump_once(std::optional<Clock::time_point> deadline) {
   if (ready > 0) {
     if (fds[0].revents != 0) {
       ReceivedSignals received = signals_.drain();
+      if (received_stop_signal_ == 0 && !received.stop_signals.empty())
+        received_stop_signal_ = received.stop_signals.front();
       pending_stop_signals_.insert(pending_stop_signals_.end(), received.stop_signals.begin(),
                                    received.stop_signals.end());
     }
@@ -263,6 +340,7 @@ void WorkerGroup::refresh_exits() {
     w.exit = exit;
     // All it wrote is in the pipe by now: print it before any summary.
     output_.drain_worker(w.local_rank);
+    if (!exit.success() && w.failure_order < 0) w.failure_order = failures_seen_++;
     if (!exit.success() && first_failure_ < 0) first_failure_ = w.local_rank;
   }
 }

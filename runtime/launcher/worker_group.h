@@ -16,6 +16,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,12 +38,23 @@ struct Worker {
   bool escalated = false;          // it was still running when the grace period ended (SIGKILL)
   bool grace_cut_short = false;    // escalated early: a second stop signal reached tandemrun
   bool reaped = false;
+  std::string error_file;      // its TORCHELASTIC_ERROR_FILE
+  std::string heartbeat_file;  // its TANDEM_HEARTBEAT_FILE (empty: heartbeats off)
+  bool hung = false;           // failed by heartbeat timeout (it had not exited then)
+  double silent_s = 0;         // when hung: seconds since its last heartbeat
+  int failure_order = -1;      // 0, 1, ...: the order tandemrun saw workers fail (-1: did not)
+
+  // Failed by itself: exited non-zero or was killed before tandemrun signalled it, or hung.
+  bool failed_on_its_own() const {
+    return hung || (exit && !exit->success() && stop_signal == 0);
+  }
 };
 
 struct MonitorResult {
   enum class Outcome { kSucceeded, kWorkerFailed, kInterrupted };
   Outcome outcome = Outcome::kSucceeded;
-  int failed_local_rank = -1;  // kWorkerFailed: the first worker seen exiting non-zero or killed
+  int failed_local_rank = -1;  // kWorkerFailed: the first worker seen exiting non-zero, killed,
+                               // or silent longer than the heartbeat timeout (Worker::hung)
   int signal = 0;              // kInterrupted: the stop signal tandemrun received
 };
 
@@ -50,27 +62,46 @@ class WorkerGroup {
  public:
   // `signals` must outlive the group; its descriptor is part of the poll loop.
   WorkerGroup(LauncherOptions options, std::vector<std::string> base_env, SignalRelay& signals);
-  // Kills (SIGKILL) and reaps anything still running, so an exception cannot leave workers behind.
+  // Kills (SIGKILL) and reaps anything still running, so an exception cannot leave workers behind;
+  // removes the per-run directory of error and heartbeat files.
   ~WorkerGroup();
   WorkerGroup(const WorkerGroup&) = delete;
   WorkerGroup& operator=(const WorkerGroup&) = delete;
 
   // Starts nproc_per_node workers and returns once each has exec'd the program. If one cannot be
   // started, kills the ones already running and throws tandem::Error naming the rank and cause.
+  // Each worker gets its own (fresh) TORCHELASTIC_ERROR_FILE and, with --heartbeat-timeout,
+  // TANDEM_HEARTBEAT_FILE in a private directory of this group.
   void start(int restart_count);
+
+  // The MASTER_PORT the next start() hands out (--standalone picks a fresh one per restart).
+  void set_master_port(int port) { options_.master_port = port; }
 
   // Forwards output until the run is decided: every worker exited 0 (kSucceeded), one exited
   // non-zero or was killed (kWorkerFailed; the others are left running for stop()), or tandemrun
-  // received SIGINT/SIGTERM/SIGHUP/SIGQUIT (kInterrupted). Blocks; wake-ups are event driven.
+  // received SIGINT/SIGTERM/SIGHUP/SIGQUIT (kInterrupted). Blocks; wake-ups are event driven,
+  // plus one every --monitor-interval to check heartbeat files when --heartbeat-timeout is on.
   MonitorResult monitor();
 
   // Ends the run in every outcome: sends `first_signal` to every worker's process group, gives
   // running workers up to `grace` to exit (output keeps flowing), then SIGKILLs every group
   // (which also ends processes a worker left behind) and reaps the workers. Another stop signal
-  // to tandemrun during the grace period skips the rest of it.
+  // to tandemrun during the grace period skips the rest of it. Stopped (SIGSTOP) workers get a
+  // SIGCONT after `first_signal`, so a hung-by-stop worker can act on it.
   void stop(int first_signal, std::chrono::milliseconds grace);
 
+  // Keeps forwarding output, without signalling anyone, until `done()` (checked after every
+  // event), every worker has exited, or `limit` has passed; a stop signal to tandemrun ends it
+  // early. For after a failure that looks like the consequence of another worker's failure: that
+  // worker gets the time to fail by itself (and to write its error file) before the group is
+  // stopped.
+  void settle(std::chrono::milliseconds limit, const std::function<bool()>& done);
+
   const std::vector<Worker>& workers() const { return workers_; }
+
+  // The first stop signal (SIGINT, SIGTERM, ...) tandemrun received during the run, also one that
+  // cut a stop() or settle() short; 0 if none. A run that received one is never restarted.
+  int received_stop_signal() const { return received_stop_signal_; }
 
  private:
   void spawn(int local_rank, int restart_count);
@@ -78,6 +109,7 @@ class WorkerGroup {
   // output, records stop signals and worker exits.
   void pump_once(std::optional<std::chrono::steady_clock::time_point> deadline);
   void refresh_exits();
+  void check_heartbeats();
   void signal_all(int signo);
   bool any_running() const;
   void reap_all();
@@ -90,6 +122,9 @@ class WorkerGroup {
   std::vector<Worker> workers_;
   std::vector<int> pending_stop_signals_;
   int first_failure_ = -1;
+  int failures_seen_ = 0;
+  int received_stop_signal_ = 0;
+  std::string state_dir_;  // private directory for error and heartbeat files
 };
 
 }  // namespace tandem::launcher

@@ -82,8 +82,17 @@ INSTANTIATE_TEST_SUITE_P(
                 {"--nproc-per-node", "2", "/tmp"},
                 "program '/tmp' is a directory"},
         BadCase{"UnknownOption",
-                {"--nproc-per-node", "2", "--max-restarts", "3", "WORKER"},
-                "unknown option '--max-restarts'"}),
+                {"--nproc-per-node", "2", "--no-such-option", "3", "WORKER"},
+                "unknown option '--no-such-option'"},
+        BadCase{"NegativeMaxRestarts",
+                {"--nproc-per-node", "1", "--max-restarts", "-1", "WORKER", "env"},
+                "--max-restarts must be between 0 and 1000000 (got -1)"},
+        BadCase{"ZeroMonitorInterval",
+                {"--nproc-per-node", "1", "--monitor-interval", "0", "WORKER", "env"},
+                "--monitor-interval must be between 0.001 and 60 seconds (got 0)"},
+        BadCase{"NegativeHeartbeatTimeout",
+                {"--nproc-per-node", "1", "--heartbeat-timeout", "-2", "WORKER", "env"},
+                "--heartbeat-timeout must be between 0 (off) and 86400 seconds (got -2)"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
 
 TEST(CommandLineTest, ProgramWithoutExecutePermissionIsRejected) {
@@ -104,6 +113,7 @@ TEST(CommandLineTest, HelpDocumentsEveryOption) {
   for (const char* option :
        {"--nnodes", "--node-rank", "--node_rank", "--nproc-per-node", "--nproc_per_node",
         "--master-addr", "--master-port", "--standalone", "--run-id", "--grace-period-s", "--help",
+        "--max-restarts", "--monitor-interval", "--heartbeat-timeout",
         "--version", "PROGRAM [ARGS...]", "Exit status"}) {
     EXPECT_NE(r.out.find(option), std::string::npos) << option << " missing from:\n" << r.out;
   }

@@ -11,7 +11,21 @@
 //   handle-term               on SIGTERM/SIGINT print "rank R got signal S" and exit 0
 //   fail-rank R CODE MS       rank R prints "dying words" (no newline), exits CODE after MS ms;
 //   others sleep
+//   fail-once R CODE          prints the environment (like env); on restart 0 rank R exits CODE
+//                             after 200 ms and the others sleep; on later restarts all exit 0
+//   error-file R CODE TEXT    rank R writes TORCHELASTIC_ERROR_FILE (TorchElastic JSON, message
+//                             "ValueError: TEXT at restart N") and exits CODE, on every restart;
+//                             the others sleep
+//   heartbeat R               beats (touches TANDEM_HEARTBEAT_FILE) every 50 ms for 1.5 s, exits
+//                             0; on restart 0 rank R stops itself (SIGSTOP) after 300 ms
+//   no-heartbeat MS           never beats, sleeps MS ms, exits 0
+// With TEST_IGNORE_TERM=1 set, any mode ignores SIGTERM.
+//   cascade P S               rank S writes a "tandem::CommError: ..." error file and exits 1 after
+//                             100 ms; rank P writes "ValueError: the real cause" and exits 2
+//                             after 600 ms (it failed first but takes longer to die); others sleep
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -68,6 +82,8 @@ int print_env() {
                         "TORCHELASTIC_RUN_ID",
                         "TORCHELASTIC_USE_AGENT_STORE",
                         "OMP_NUM_THREADS",
+                        "TORCHELASTIC_ERROR_FILE",
+                        "TANDEM_HEARTBEAT_FILE",
                         "TANDEM_TEST_MARKER"};
   std::string out;
   for (const char* key : keys) {
@@ -111,10 +127,105 @@ int handle_term() {
   return 0;
 }
 
+int restart_count() {
+  const char* r = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  return r != nullptr ? std::atoi(r) : -1;
+}
+
+int fail_once(int failing_rank, int code) {
+  print_env();
+  if (restart_count() == 0) {
+    if (rank() == failing_rank) {
+      sleep_ms(200);
+      return code;
+    }
+    ready();
+    sleep_ms(60'000);
+    return 0;
+  }
+  put(1, "restart " + std::to_string(restart_count()) + " done\n");
+  return 0;
+}
+
+bool write_error(const std::string& message) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr) return false;
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return false;
+  put(fd, "{\"message\": {\"message\": \"" + message +
+              "\", \"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"" +
+              std::to_string(std::time(nullptr)) + "\"}}}");
+  ::close(fd);
+  return true;
+}
+
+int cascade(int primary, int secondary) {
+  if (rank() == secondary) {
+    sleep_ms(100);
+    write_error("tandem::CommError: allreduce failed: a peer rank probably died");
+    return 1;
+  }
+  if (rank() == primary) {
+    sleep_ms(600);
+    write_error("ValueError: the real cause");
+    return 2;
+  }
+  ready();
+  sleep_ms(60'000);
+  return 0;
+}
+
+int error_file(int failing_rank, int code, const std::string& text) {
+  if (rank() != failing_rank) {
+    ready();
+    sleep_ms(60'000);
+    return 0;
+  }
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr) return 99;
+  // The exact shape torch.distributed.elastic's @record writes (json.dump of a dict).
+  const std::string json = "{\"message\": {\"message\": \"ValueError: " + text + " at restart " +
+                           std::to_string(restart_count()) +
+                           "\", \"extraInfo\": {\"py_callstack\": \"Traceback (most recent call "
+                           "last):\\n  File \\\"train.py\\\", line 1\\n\", \"timestamp\": \"" +
+                           std::to_string(std::time(nullptr)) + "\"}}}";
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return 98;
+  put(fd, json);
+  ::close(fd);
+  sleep_ms(100);
+  return code;
+}
+
+void beat() {
+  const char* path = std::getenv("TANDEM_HEARTBEAT_FILE");
+  if (path == nullptr) return;
+  const int fd = ::open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) return;
+  ::futimens(fd, nullptr);
+  ::close(fd);
+}
+
+int heartbeat(int hanging_rank) {
+  ready();
+  for (int i = 0; i < 30; ++i) {
+    beat();
+    if (restart_count() == 0 && rank() == hanging_rank && i == 6) {
+      put(1, "stopping myself\n");
+      ::raise(SIGSTOP);
+    }
+    sleep_ms(50);
+  }
+  put(1, "finished restart " + std::to_string(restart_count()) + "\n");
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  // Any mode: TEST_IGNORE_TERM=1 ignores SIGTERM (so stopping the group takes the grace period).
+  if (std::getenv("TEST_IGNORE_TERM") != nullptr) ::signal(SIGTERM, SIG_IGN);
   if (mode == "env") return print_env();
   if (mode == "args") {
     std::string out;
@@ -144,6 +255,17 @@ int main(int argc, char** argv) {
     }
     ready();
     sleep_ms(60'000);
+    return 0;
+  }
+  if (mode == "fail-once" && argc > 3) return fail_once(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "error-file" && argc > 4)
+    return error_file(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
+  if (mode == "cascade" && argc > 3) return cascade(std::atoi(argv[2]), std::atoi(argv[3]));
+  if (mode == "heartbeat" && argc > 2) return heartbeat(std::atoi(argv[2]));
+  if (mode == "no-heartbeat" && argc > 2) {
+    ready();
+    sleep_ms(std::atol(argv[2]));
+    put(1, "done\n");
     return 0;
   }
   put(2, "launcher_test_worker: unknown mode '" + mode + "'\n");

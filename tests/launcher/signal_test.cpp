@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <sys/prctl.h>
 
+#include <filesystem>
 #include <ostream>
 #include <string>
 
@@ -86,7 +87,12 @@ TEST(SignalTest, SecondSignalSkipsTheGracePeriod) {
 TEST(SignalTest, SigkillOfTandemrunLeavesNoWorkerBehind) {
   // Orphaned workers are re-parented to us (not to init), so we can see and reap them.
   ASSERT_EQ(::prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  TandemrunProcess run({"--nproc-per-node", "3", worker_path(), "sleep"});
+  // A SIGKILLed tandemrun cannot remove its per-run directory: keep it in a directory of ours.
+  char tmp[] = "/tmp/tandemrun_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmp), nullptr);
+  std::vector<std::string> env = clean_env();
+  env.push_back(std::string("TMPDIR=") + tmp);
+  TandemrunProcess run({"--nproc-per-node", "3", worker_path(), "sleep"}, env);
   ASSERT_TRUE(run.wait_for_stdout_count("ready pid=", 3)) << run.out() << run.err();
   const auto pids = ready_pids(run.out());
   ASSERT_EQ(pids.size(), 3u);
@@ -99,6 +105,8 @@ TEST(SignalTest, SigkillOfTandemrunLeavesNoWorkerBehind) {
         << "rank " << rank << " (pid " << pid << ") survived its launcher";
   }
   ::prctl(PR_SET_CHILD_SUBREAPER, 0);
+  std::error_code ignored;
+  std::filesystem::remove_all(tmp, ignored);
 }
 
 }  // namespace

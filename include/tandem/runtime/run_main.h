@@ -1,0 +1,48 @@
+// tandem::run_main and tandem::heartbeat: the worker side of tandemrun's fault tolerance.
+//
+//   int main(int argc, char** argv) {
+//     return tandem::run_main(argc, argv, [](int argc, char** argv) {
+//       auto dist = tandem::init(tandem::InitOptions::from_env());
+//       for (...) { train_step(); tandem::heartbeat(); }
+//       return 0;
+//     });
+//   }
+//
+// run_main() records why a worker died where the launcher can read it: TORCHELASTIC_ERROR_FILE,
+// in TorchElastic's JSON format (the one torch.distributed.elastic's @record writes):
+//
+//   {"message": {"message": "<Type>: <what>",
+//                "extraInfo": {"py_callstack": "<text>", "timestamp": "<unix seconds>"}}}
+//
+// tandemrun sets that variable per worker and prints the message as the failure's root cause;
+// torchrun reads the same file. See docs/launcher.md.
+#pragma once
+
+#include <functional>
+#include <string>
+
+namespace tandem {
+
+// Runs `fn(argc, argv)` and returns its exit code.
+//  - An exception escaping fn: "<Type>: <what>" goes to stderr and to TORCHELASTIC_ERROR_FILE (when
+//    set); returns 1.
+//  - A fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) while fn runs: an async-signal-safe
+//    handler writes an error file naming the signal, then the signal is re-raised with its default
+//    action (the process still dies of it, core dump included).
+// Call it once, from main(). Handlers are installed for the duration of the call only.
+int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn);
+
+// Tells the launcher this worker makes progress. Call it every training step: it costs one clock
+// read, and touches the file named by TANDEM_HEARTBEAT_FILE at most every 100 ms (nothing at all
+// when the variable is unset, i.e. without `tandemrun --heartbeat-timeout`). After a worker's
+// first heartbeat, tandemrun treats it as hung (failed) when no heartbeat follows within
+// --heartbeat-timeout seconds. Thread-safe. Throws nothing (a failing touch is ignored: the
+// launcher then sees silence and restarts the group, the safe side).
+void heartbeat() noexcept;
+
+// Writes `message` (e.g. "RuntimeError: what went wrong") to TORCHELASTIC_ERROR_FILE in the format
+// above, for programs that end themselves without an exception. Returns false when the variable is
+// unset or the file cannot be written.
+bool write_error_file(const std::string& message, const std::string& callstack = "");
+
+}  // namespace tandem

@@ -1,0 +1,154 @@
+// Private to runtime/pipeline: PipelineParallel's state, shared by pipeline_parallel.cpp
+// (construction, step execution) and pipeline_stats.cpp (recording, partitioning, groups).
+#pragma once
+
+#include <ATen/core/grad_mode.h>
+#include <tandem/errors.h>
+#include <tandem/runtime/pipeline_parallel.h>
+#include <torch/nn/modules/linear.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace tandem {
+
+namespace pipeline_detail {
+
+using Clock = std::chrono::steady_clock;
+constexpr int kMaxDims = 8;
+
+double seconds_between(Clock::time_point a, Clock::time_point b);
+at::Tensor longs(const std::vector<int64_t>& v);
+// Collective helpers over `comm` (every rank calls them with the same sizes).
+std::vector<int64_t> allgather_longs(Communicator& comm, const std::vector<int64_t>& mine);
+std::vector<double> allreduce_doubles(Communicator& comm, const std::vector<double>& mine);
+// 0 F, 1 B, 2 I, 3 W; -1 for comm actions.
+int64_t op_index(pipeline::Op op);
+
+// Posts sends on a thread of its own ("tandem-pp-send"), in the order they were queued, so the
+// training thread never blocks inside the transport (Gloo's send can hold the caller for
+// milliseconds while the pair's loop thread reads). Owned and joined by PipelineParallel::Impl.
+class SendThread {
+ public:
+  explicit SendThread(std::shared_ptr<Communicator> comm);
+  ~SendThread();
+  SendThread(const SendThread&) = delete;
+  SendThread& operator=(const SendThread&) = delete;
+  void send(at::Tensor tensor, int peer, uint32_t tag);
+  // Waits until every queued send is posted and complete; rethrows the first error.
+  void drain();
+
+ private:
+  struct Item {
+    at::Tensor tensor;
+    int peer;
+    uint32_t tag;
+  };
+  void loop();
+  std::shared_ptr<Communicator> comm_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Item> queue_;
+  std::vector<std::pair<WorkPtr, at::Tensor>> posted_;
+  bool busy_ = false, stop_ = false;
+  std::exception_ptr error_;
+  std::thread thread_;
+};
+
+}  // namespace pipeline_detail
+
+using pipeline_detail::Clock;
+
+struct PipelineParallel::Impl {
+  struct Layer {
+    torch::nn::AnyModule module;
+    std::vector<at::Tensor> params;  // requiring grad
+    int global_index = 0;
+    torch::nn::LinearImpl* linear = nullptr;  // W computed by hand: grad = g^T x, bias = sum g
+  };
+  struct Micro {
+    at::Tensor input;                      // leaf requiring grad (stages > 0) or the raw microbatch
+    at::Tensor root;                       // stage output, or the scaled loss on the last stage
+    std::vector<at::Tensor> bounds;        // outputs of layers with parameters (I/W split)
+    std::vector<int> bound_layers;         // local layer index of each bound
+    std::vector<at::Tensor> bound_inputs;  // each bound's layer input (Linear: W by hand)
+    std::vector<at::Tensor> bound_grads;
+    int64_t bytes = 0;
+  };
+  struct Stage {
+    int index = 0;
+    torch::nn::Sequential module;
+    std::vector<Layer> layers;
+    std::map<int, Micro> live;
+    int64_t held = 0, peak = 0;
+    double sum[4] = {0, 0, 0, 0};
+    int64_t count[4] = {0, 0, 0, 0};
+    std::vector<double> layer_forward;  // seconds, summed
+    bool all_linear = true;  // every layer with parameters is a plain Linear: B runs as I + W
+  };
+
+  std::shared_ptr<Communicator> comm, data;
+  PipelineOptions options;
+  pipeline::Schedule schedule;
+  std::vector<int64_t> balance;
+  int num_layers = 0;
+  int S = 0, M = 0, rank = 0;
+  bool split_backward = false;  // the schedule uses I/W
+  std::map<int, Stage> stages;  // local, by global index
+
+  // Per step.
+  std::map<std::tuple<int, int, int>, at::Tensor> mailbox;  // (0 fwd / 1 bwd, stage, mb)
+  std::map<std::pair<int, int>, std::pair<std::vector<int64_t>, int64_t>> shape_cache;  // RECV_F
+  std::vector<int64_t> last_signature;
+  bool send_meta = true;
+  std::vector<at::Tensor> micro_inputs, micro_targets;
+  std::unique_ptr<pipeline_detail::SendThread> sender;
+  // Receives posted ahead of their RECV action (same tag, so matching is unchanged): the
+  // transport completes them while this rank computes; the RECV action only waits.
+  std::map<std::tuple<int, int, int>, std::pair<WorkPtr, at::Tensor>> posted;
+  at::Tensor step_loss;
+  const LossFn* loss_fn = nullptr;
+  Clock::time_point step_start;
+  double step_start_abs = 0;  // step_start in seconds of the steady clock's epoch
+  std::vector<pipeline::TimedAction> timeline;
+  double last_busy = 0, last_span = 0;
+
+  uint32_t tag(int kind, int stage, int mb, int meta) const {
+    return static_cast<uint32_t>(1 +
+                                 (((static_cast<int64_t>(kind) * S + stage) * M + mb) * 2 + meta));
+  }
+  int rank_of(int stage) const { return schedule.stage_to_rank[stage]; }
+
+  void partition(torch::nn::Sequential& model);
+  void agree_at_construction(const std::string& local_error);
+  void check_step(const at::Tensor& input, const at::Tensor& target);
+  void run(const pipeline::Action& a);
+  void forward(Stage& st, int k);
+  void backward(Stage& st, int k, pipeline::Op op);
+  void release(Stage& st, int k);
+  void reduce_data_parallel();
+  void post_recv(int kind, int stage, int k, const at::Tensor& buffer) {
+    const int peer = rank_of(stage);
+    posted[{kind, stage, k}] = {comm->recv(buffer, peer, tag(kind, stage, k, 0)), buffer};
+  }
+  // The posted receive's tensor, after waiting for it; undefined when none was posted.
+  at::Tensor take_posted(int kind, int stage, int k) {
+    auto it = posted.find({kind, stage, k});
+    if (it == posted.end()) return at::Tensor();
+    it->second.first->wait();
+    at::Tensor t = it->second.second;
+    posted.erase(it);
+    return t;
+  }
+};
+
+}  // namespace tandem

@@ -1,0 +1,299 @@
+// simulate(), bubble_fractions() and the SVG / Chrome-trace exports.
+#include <tandem/runtime/pipeline_simulate.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <tuple>
+
+namespace tandem::pipeline {
+
+Costs Costs::uniform(int num_stages, double f, double i, double w, double latency) {
+  Costs c;
+  c.forward.assign(num_stages, f);
+  c.backward_input.assign(num_stages, i);
+  c.backward_weight.assign(num_stages, w);
+  c.send_latency = latency;
+  return c;
+}
+
+double Costs::b(int stage) const {
+  if (!backward.empty()) return backward[stage];
+  return backward_input[stage] + backward_weight[stage];
+}
+
+SimResult simulate(const Schedule& input, const Costs& costs) {
+  validate(input);
+  const Schedule s = lower(input);
+  const size_t S = static_cast<size_t>(s.num_stages);
+  if (costs.forward.size() != S || costs.backward_input.size() != S ||
+      costs.backward_weight.size() != S ||
+      (!costs.backward.empty() && costs.backward.size() != S)) {
+    throw ConfigError("simulate: costs must have one entry per stage (" + std::to_string(S) +
+                      "), got forward " + std::to_string(costs.forward.size()) + ", I " +
+                      std::to_string(costs.backward_input.size()) + ", W " +
+                      std::to_string(costs.backward_weight.size()));
+  }
+  if (costs.send_latency < 0) throw ConfigError("simulate: send_latency must be >= 0");
+  const int R = s.num_ranks;
+  SimResult res;
+  res.busy.assign(R, 0.0);
+  res.peak_activations.assign(R, 0);
+  std::vector<double> clock(R, 0.0);
+  std::vector<size_t> pc(R, 0);
+  std::vector<int> live(R, 0), pending_w(R, 0);
+  res.peak_pending_weight_grads.assign(R, 0);
+  std::map<std::tuple<int, int, int>, double> arrival;  // (forward?, stage, mb) -> time
+  bool progress = true;
+  while (progress) {
+    progress = false;
+    for (int r = 0; r < R; ++r) {
+      while (pc[r] < s.actions[r].size()) {
+        const Action& a = s.actions[r][pc[r]];
+        TimedAction t{r, a, clock[r], clock[r]};
+        switch (a.op) {
+          case Op::kForward:
+            t.end += costs.forward[a.stage];
+            ++live[r];
+            break;
+          case Op::kBackward:
+            t.end += costs.b(a.stage);
+            --live[r];
+            break;
+          case Op::kBackwardInput:
+            t.end += costs.backward_input[a.stage];
+            --live[r];
+            ++pending_w[r];
+            break;
+          case Op::kBackwardWeight:
+            t.end += costs.backward_weight[a.stage];
+            --pending_w[r];
+            break;
+          case Op::kSendForward:
+          case Op::kSendBackward:
+            arrival[{a.op == Op::kSendForward, a.stage, a.microbatch}] =
+                clock[r] + costs.send_latency;
+            break;
+          case Op::kRecvForward:
+          case Op::kRecvBackward: {
+            auto it = arrival.find({a.op == Op::kRecvForward, a.stage, a.microbatch});
+            if (it == arrival.end()) goto blocked;
+            t.end = std::max(clock[r], it->second);
+            break;
+          }
+        }
+        if (is_compute(a.op)) res.busy[r] += t.end - t.start;
+        res.peak_activations[r] = std::max(res.peak_activations[r], live[r]);
+        res.peak_pending_weight_grads[r] = std::max(res.peak_pending_weight_grads[r], pending_w[r]);
+        clock[r] = t.end;
+        res.timeline.push_back(t);
+        ++pc[r];
+        progress = true;
+      }
+    blocked:;
+    }
+  }
+  res.makespan = *std::max_element(clock.begin(), clock.end());
+  res.bubble.resize(R);
+  for (int r = 0; r < R; ++r) {
+    res.bubble[r] = res.makespan > 0 ? 1.0 - res.busy[r] / res.makespan : 0.0;
+    res.mean_bubble += res.bubble[r] / R;
+  }
+  return res;
+}
+
+std::vector<double> bubble_fractions(const std::vector<TimedAction>& timeline, int num_ranks) {
+  std::vector<double> busy(num_ranks, 0.0), out(num_ranks, 0.0);
+  if (timeline.empty()) return out;
+  double lo = std::numeric_limits<double>::infinity(), hi = -lo;
+  for (const auto& t : timeline) {
+    lo = std::min(lo, t.start);
+    hi = std::max(hi, t.end);
+    if (is_compute(t.action.op) && t.rank >= 0 && t.rank < num_ranks)
+      busy[t.rank] += t.end - t.start;
+  }
+  for (int r = 0; r < num_ranks; ++r) out[r] = hi > lo ? 1.0 - busy[r] / (hi - lo) : 0.0;
+  return out;
+}
+
+double measured_send_latency(const std::vector<TimedAction>& timeline) {
+  std::map<std::tuple<bool, int, int>, double> send_end;
+  for (const auto& t : timeline) {
+    if (t.action.op == Op::kSendForward || t.action.op == Op::kSendBackward) {
+      send_end[{t.action.op == Op::kSendForward, t.action.stage, t.action.microbatch}] = t.end;
+    }
+  }
+  std::vector<double> samples;
+  for (const auto& t : timeline) {
+    if (t.action.op != Op::kRecvForward && t.action.op != Op::kRecvBackward) continue;
+    auto it = send_end.find({t.action.op == Op::kRecvForward, t.action.stage, t.action.microbatch});
+    if (it != send_end.end() && t.start <= it->second)
+      samples.push_back(std::max(0.0, t.end - it->second));
+  }
+  if (samples.empty()) return 0.0;
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+namespace {
+
+const char* color(Op op) {
+  switch (op) {
+    case Op::kForward:
+      return "#4a7fd4";
+    case Op::kBackward:
+      return "#3aa55d";
+    case Op::kBackwardInput:
+      return "#7cc48f";
+    case Op::kBackwardWeight:
+      return "#e8a33d";
+    default:
+      return "#bbbbbb";
+  }
+}
+
+std::string escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '&':
+        out += "&amp;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string to_svg(const Schedule& s, const std::vector<TimedAction>& timeline,
+                   const std::string& title) {
+  double lo = std::numeric_limits<double>::infinity(), hi = 0;
+  for (const auto& t : timeline) {
+    lo = std::min(lo, t.start);
+    hi = std::max(hi, t.end);
+  }
+  if (timeline.empty()) lo = hi = 0;
+  const double span = hi > lo ? hi - lo : 1.0;
+  const double left = 70, width = 1000, row = 34, top = 50;
+  const double height = top + row * s.num_ranks + 60;
+  const auto bubbles = bubble_fractions(timeline, s.num_ranks);
+  double mean_bubble = 0;
+  for (double b : bubbles) mean_bubble += b / std::max(1, s.num_ranks);
+  char buf[512];
+  std::ostringstream out;
+  std::snprintf(buf, sizeof(buf),
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                "font-family=\"sans-serif\" font-size=\"11\">\n",
+                left + width + 20, height);
+  out << buf << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+  std::snprintf(buf, sizeof(buf),
+                "<text x=\"%.0f\" y=\"20\" font-size=\"14\">%s: %d ranks, %d stages, %d "
+                "microbatches, makespan %.3f ms, bubble %.1f%%</text>\n",
+                left, escape(title.empty() ? s.name : title).c_str(), s.num_ranks, s.num_stages,
+                s.num_microbatches, span * 1e3, 100 * mean_bubble);
+  out << buf;
+  for (int r = 0; r < s.num_ranks; ++r) {
+    std::snprintf(buf, sizeof(buf),
+                  "<text x=\"5\" y=\"%.1f\">rank %d</text>\n"
+                  "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
+                  top + r * row + row * 0.6, r, left, top + (r + 1) * row, left + width,
+                  top + (r + 1) * row);
+    out << buf;
+  }
+  for (const auto& t : timeline) {
+    if (!is_compute(t.action.op)) continue;
+    const double x = left + (t.start - lo) / span * width;
+    const double w = std::max(0.5, (t.end - t.start) / span * width);
+    const double y = top + t.rank * row + 3;
+    std::snprintf(buf, sizeof(buf),
+                  "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
+                  "stroke=\"white\" stroke-width=\"0.5\"><title>%s %.3f-%.3f ms</title></rect>\n",
+                  x, y, w, row - 6, color(t.action.op), to_string(t.action).c_str(),
+                  (t.start - lo) * 1e3, (t.end - lo) * 1e3);
+    out << buf;
+    if (w >= 14) {
+      std::snprintf(
+          buf, sizeof(buf),
+          "<text x=\"%.2f\" y=\"%.1f\" fill=\"white\" text-anchor=\"middle\">%s%d</text>\n",
+          x + w / 2, y + (row - 6) * 0.65, to_string(t.action.op), t.action.microbatch);
+      out << buf;
+    }
+  }
+  // Time axis: 5 ticks.
+  const double axis_y = top + row * s.num_ranks + 15;
+  for (int i = 0; i <= 5; ++i) {
+    const double x = left + width * i / 5;
+    std::snprintf(buf, sizeof(buf),
+                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\"/>"
+                  "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.3g ms</text>\n",
+                  x, axis_y - 5, x, axis_y, x, axis_y + 12, span * 1e3 * i / 5);
+    out << buf;
+  }
+  // Legend.
+  const Op legend[] = {Op::kForward, Op::kBackward, Op::kBackwardInput, Op::kBackwardWeight};
+  const char* names[] = {"F forward", "B backward", "I input grad", "W weight grad"};
+  for (int i = 0; i < 4; ++i) {
+    std::snprintf(buf, sizeof(buf),
+                  "<rect x=\"%.0f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
+                  "<text x=\"%.0f\" y=\"%.1f\">%s</text>\n",
+                  left + i * 140.0, axis_y + 22, color(legend[i]), left + i * 140.0 + 16,
+                  axis_y + 32, names[i]);
+    out << buf;
+  }
+  out << "</svg>\n";
+  return out.str();
+}
+
+std::string to_chrome_trace(const Schedule& s, const std::vector<TimedAction>& timeline) {
+  double lo = std::numeric_limits<double>::infinity();
+  for (const auto& t : timeline) lo = std::min(lo, t.start);
+  if (timeline.empty()) lo = 0;
+  std::ostringstream out;
+  char buf[512];
+  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"schedule\":\"" << escape(s.name)
+      << "\"},\"traceEvents\":[\n";
+  bool first = true;
+  for (int r = 0; r < s.num_ranks; ++r) {
+    std::snprintf(buf, sizeof(buf),
+                  "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,"
+                  "\"args\":{\"name\":\"rank %d\"}}",
+                  first ? "" : ",\n", r, r);
+    out << buf;
+    first = false;
+  }
+  for (const auto& t : timeline) {
+    std::snprintf(buf, sizeof(buf),
+                  ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
+                  "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"stage\":%d,\"microbatch\":%d}}",
+                  to_string(t.action).c_str(), to_string(t.action.op), t.rank, (t.start - lo) * 1e6,
+                  (t.end - t.start) * 1e6, t.action.stage, t.action.microbatch);
+    out << buf;
+  }
+  out << "\n]}\n";
+  return out.str();
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  out.close();
+  if (!out) throw ConfigError("cannot write '" + path + "'");
+}
+
+}  // namespace tandem::pipeline

@@ -1,0 +1,266 @@
+// tandem::run_main / tandem::heartbeat (include/tandem/runtime/run_main.h).
+#include "tandem/runtime/run_main.h"
+
+#include <cxxabi.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <exception>
+#include <memory>
+#include <string>
+#include <typeinfo>
+
+namespace tandem {
+namespace {
+
+// ---- JSON error file --------------------------------------------------------------------------
+
+std::string json_escape(const std::string& text) {
+  std::string out;
+  out.reserve(text.size() + 8);
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else if (c == '\t') {
+      out += "\\t";
+    } else if (u < 0x20) {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", u);
+      out += escaped;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string demangle(const char* name) {
+  if (name == nullptr) return "unknown";
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> demangled(
+      abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
+  return status == 0 && demangled ? std::string(demangled.get()) : std::string(name);
+}
+
+bool write_whole_file(const std::string& path, const std::string& text) {
+  // Written to a temporary name and renamed: the launcher never reads half a file.
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return false;
+  std::size_t done = 0;
+  bool ok = true;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = false;
+      break;
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  ok = ::close(fd) == 0 && ok;
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return false;
+  }
+  return true;
+}
+
+// ---- fatal signals ----------------------------------------------------------------------------
+
+constexpr int kFatalSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
+constexpr std::size_t kFatalCount = sizeof(kFatalSignals) / sizeof(kFatalSignals[0]);
+
+// Prepared before fn runs; the handler only reads them.
+char g_error_path[4096] = {};
+bool g_have_error_path = false;
+
+const char* fatal_name(int signo) {
+  switch (signo) {
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGFPE:
+      return "SIGFPE";
+    case SIGILL:
+      return "SIGILL";
+    default:
+      return "SIG?";
+  }
+}
+
+// Async-signal-safe appends into a fixed buffer.
+struct SafeBuffer {
+  char data[1024];
+  std::size_t size = 0;
+  void add(const char* text) {
+    while (*text != '\0' && size + 1 < sizeof(data)) data[size++] = *text++;
+  }
+  void add_number(long long value) {
+    char digits[24];
+    int n = 0;
+    bool negative = value < 0;
+    unsigned long long v = negative ? 0ULL - static_cast<unsigned long long>(value)
+                                    : static_cast<unsigned long long>(value);
+    do {
+      digits[n++] = static_cast<char>('0' + v % 10);
+      v /= 10;
+    } while (v != 0 && n < 23);
+    if (negative) add("-");
+    while (n > 0) {
+      const char digit[2] = {digits[--n], '\0'};
+      add(digit);
+    }
+  }
+};
+
+extern "C" void tandem_on_fatal_signal(int signo) {
+  const int saved_errno = errno;
+  if (g_have_error_path) {
+    SafeBuffer b;
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME, &now);
+    b.add("{\"message\": {\"message\": \"Signal ");
+    b.add_number(signo);
+    b.add(" (");
+    b.add(fatal_name(signo));
+    b.add(") received by PID ");
+    b.add_number(::getpid());
+    b.add("\", \"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"");
+    b.add_number(now.tv_sec);
+    b.add("\"}}}\n");
+    const int fd = ::open(g_error_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      const ssize_t ignored = ::write(fd, b.data, b.size);
+      (void)ignored;
+      ::close(fd);
+    }
+  }
+  errno = saved_errno;
+  // SA_RESETHAND restored the default action and SA_NODEFER lets it through: die of the signal.
+  ::raise(signo);
+}
+
+class FatalSignalHandlers {
+ public:
+  FatalSignalHandlers() {
+    // An alternate stack so a stack overflow (SIGSEGV) can still be recorded.
+    alt_stack_.reset(new char[kAltStackSize]);
+    stack_t stack{};
+    stack.ss_sp = alt_stack_.get();
+    stack.ss_size = kAltStackSize;
+    have_alt_stack_ = ::sigaltstack(&stack, &old_stack_) == 0;
+    struct sigaction action {};
+    action.sa_handler = tandem_on_fatal_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESETHAND | SA_NODEFER | (have_alt_stack_ ? SA_ONSTACK : 0);
+    for (std::size_t i = 0; i < kFatalCount; ++i)
+      installed_[i] = ::sigaction(kFatalSignals[i], &action, &previous_[i]) == 0;
+  }
+  ~FatalSignalHandlers() {
+    for (std::size_t i = 0; i < kFatalCount; ++i) {
+      if (installed_[i]) ::sigaction(kFatalSignals[i], &previous_[i], nullptr);
+    }
+    if (have_alt_stack_) ::sigaltstack(&old_stack_, nullptr);
+  }
+  FatalSignalHandlers(const FatalSignalHandlers&) = delete;
+  FatalSignalHandlers& operator=(const FatalSignalHandlers&) = delete;
+
+ private:
+  static constexpr std::size_t kAltStackSize = 64 * 1024;
+  std::unique_ptr<char[]> alt_stack_;
+  stack_t old_stack_{};
+  bool have_alt_stack_ = false;
+  struct sigaction previous_[kFatalCount] = {};
+  bool installed_[kFatalCount] = {};
+};
+
+// ---- heartbeat --------------------------------------------------------------------------------
+
+constexpr std::int64_t kMinBeatIntervalNs = 100'000'000;  // 100 ms
+
+struct HeartbeatChannel {
+  int fd = -1;
+  std::atomic<std::int64_t> last_ns{0};
+
+  HeartbeatChannel() {
+    const char* path = std::getenv("TANDEM_HEARTBEAT_FILE");
+    if (path == nullptr || *path == '\0') return;
+    // Creating the file is the first heartbeat (its mtime is now).
+    fd = ::open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    last_ns.store(now_ns(), std::memory_order_relaxed);
+  }
+
+  static std::int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+};
+
+}  // namespace
+
+bool write_error_file(const std::string& message, const std::string& callstack) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  if (path == nullptr || *path == '\0') return false;
+  const std::string json = "{\"message\": {\"message\": \"" + json_escape(message) +
+                           "\", \"extraInfo\": {\"py_callstack\": \"" + json_escape(callstack) +
+                           "\", \"timestamp\": \"" + std::to_string(std::time(nullptr)) + "\"}}}\n";
+  return write_whole_file(path, json);
+}
+
+int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
+  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  g_have_error_path = false;
+  if (path != nullptr && *path != '\0' && std::strlen(path) < sizeof(g_error_path)) {
+    std::strcpy(g_error_path, path);
+    g_have_error_path = true;
+  }
+  FatalSignalHandlers handlers;
+  std::string message;
+  try {
+    return fn(argc, argv);
+  } catch (const std::exception& e) {
+    message = demangle(typeid(e).name()) + ": " + e.what();
+  } catch (...) {
+    message = demangle(abi::__cxa_current_exception_type() != nullptr
+                           ? abi::__cxa_current_exception_type()->name()
+                           : nullptr) +
+              ": (not a std::exception)";
+  }
+  const std::string line = "tandem::run_main: uncaught exception: " + message + "\n";
+  const ssize_t ignored = ::write(2, line.data(), line.size());
+  (void)ignored;
+  write_error_file(message, "C++ exception (no stack trace recorded)\n" + message + "\n");
+  return 1;
+}
+
+void heartbeat() noexcept {
+  static HeartbeatChannel channel;  // thread-safe initialisation; the first call opens the file
+  if (channel.fd < 0) return;
+  const std::int64_t now = HeartbeatChannel::now_ns();
+  std::int64_t last = channel.last_ns.load(std::memory_order_relaxed);
+  if (now - last < kMinBeatIntervalNs) return;
+  if (!channel.last_ns.compare_exchange_strong(last, now, std::memory_order_relaxed)) return;
+  ::futimens(channel.fd, nullptr);  // mtime = now; failures show up as silence
+}
+
+}  // namespace tandem

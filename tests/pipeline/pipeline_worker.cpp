@@ -1,0 +1,86 @@
+// Worker program for the pipeline process tests, started by tandemrun (one process per rank):
+//   check-grads <schedule> <microbatches> [v]
+// runs one PipelineParallel step over the world communicator and compares every local stage's
+// gradient with the full-model full-batch gradient computed in this process; prints
+// "PIPE GRADS OK max_rel_error=<e> stages <list>" or "PIPE GRADS MISMATCH ...".
+//   mismatch
+// builds a 1F1B pipeline with 4 microbatches on rank 0 and 2 on the others: construction must
+// fail with ConfigError on every rank, without waiting for a timeout.
+// Exit codes: 0 passed, 1 mismatch, 2 usage, 4 ConfigError, 5 TimeoutError, 6 CommError, 7 Error.
+#include <tandem/runtime/pipeline_parallel.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "worker_main.h"
+
+namespace {
+
+torch::nn::Sequential make_model() {
+  torch::manual_seed(17);
+  return torch::nn::Sequential(
+      torch::nn::Linear(10, 24), torch::nn::GELU(), torch::nn::Linear(24, 24), torch::nn::Tanh(),
+      torch::nn::Linear(24, 16), torch::nn::ReLU(), torch::nn::Linear(16, 3));
+}
+
+int check_grads(tandem::Distributed& dist, const std::string& schedule, int m, int v) {
+  torch::manual_seed(5);
+  const auto x = torch::randn({24, 10}), y = torch::randn({24, 3});
+  auto reference = make_model();
+  torch::mse_loss(reference->forward(x), y).backward();
+  std::map<std::string, at::Tensor> ref;
+  for (const auto& p : reference->named_parameters()) ref[p.key()] = p.value().grad();
+
+  tandem::PipelineOptions o;
+  o.schedule = schedule;
+  o.num_microbatches = m;
+  o.virtual_stages = v;
+  tandem::PipelineParallel pipe(make_model(), dist.world, o);
+  pipe.train_step(
+      x, y, [](const at::Tensor& out, const at::Tensor& t) { return torch::mse_loss(out, t); });
+  double worst = 0;
+  std::string stages;
+  for (int s : pipe.local_stages()) {
+    stages += " " + std::to_string(s);
+    for (const auto& p : pipe.stage_module(s)->named_parameters()) {
+      const auto& r = ref.at(p.key());
+      worst =
+          std::max(worst, (p.value().grad() - r).norm().item<double>() / r.norm().item<double>());
+    }
+  }
+  const bool ok = worst <= 1e-5;
+  std::printf("PIPE GRADS %s max_rel_error=%.3g stages%s\n", ok ? "OK" : "MISMATCH", worst,
+              stages.c_str());
+  return ok ? 0 : 1;
+}
+
+int mismatch(tandem::Distributed& dist) {
+  tandem::PipelineOptions o;
+  o.schedule = "1f1b";
+  o.num_microbatches = dist.world->rank() == 0 ? 4 : 2;
+  tandem::PipelineParallel pipe(make_model(), dist.world, o);
+  std::printf("constructed a pipeline that should have been refused\n");
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  at::set_num_threads(1);
+  if (argc == 2 && std::string(argv[1]) == "mismatch") {
+    return tandem::testing::run_worker([](tandem::Distributed& dist) { return mismatch(dist); });
+  }
+  if (argc < 4 || std::string(argv[1]) != "check-grads") {
+    std::fprintf(stderr,
+                 "usage: pipeline_worker check-grads <schedule> <microbatches> [v] | mismatch\n");
+    return 2;
+  }
+  const std::string schedule = argv[2];
+  const int m = std::atoi(argv[3]);
+  const int v = argc > 4 ? std::atoi(argv[4]) : 1;
+  return tandem::testing::run_worker(
+      [&](tandem::Distributed& dist) { return check_grads(dist, schedule, m, v); });
+}
