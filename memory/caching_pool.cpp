@@ -160,7 +160,7 @@ Block* CachingPool::Impl::alloc_locked(std::size_t size, StreamId stream, std::s
     ++misses;
     auto* seg = new Segment{static_cast<char*>(mem), seg_size, opt.segment_alignment, stream,
                             small ? PoolKind::kSmall : PoolKind::kLarge, nullptr};
-    b = new Block;
+    b = arena.make<Block>();
     b->ptr = seg->base;
     b->size = seg_size;
     b->stream = stream;
@@ -175,7 +175,7 @@ Block* CachingPool::Impl::alloc_locked(std::size_t size, StreamId stream, std::s
   const bool split = small ? remaining >= opt.min_block_size
                            : (size < opt.max_split_size && remaining > opt.small_size);
   if (split) {
-    auto* r = new Block;
+    auto* r = arena.make<Block>();
     r->ptr = b->ptr + size;
     r->size = remaining;
     r->stream = stream;
@@ -202,7 +202,7 @@ Block* CachingPool::Impl::alloc_aligned_locked(std::size_t size, std::size_t ali
   if (mem == nullptr) return nullptr;
   ++misses;
   auto* seg = new Segment{static_cast<char*>(mem), size, alignment, stream, PoolKind::kAligned, nullptr};
-  auto* b = new Block;
+  auto* b = arena.make<Block>();
   b->ptr = seg->base;
   b->size = size;
   b->stream = stream;
@@ -255,7 +255,7 @@ std::size_t CachingPool::Impl::free_block_locked(Block* b) {
     stat_add(reserved, -static_cast<std::int64_t>(seg->size));
     stat_add(segment_count, -1);
     segments.erase(seg);
-    delete b;
+    arena.destroy(b);
     delete seg;
     return size;
   }
@@ -276,7 +276,7 @@ std::size_t CachingPool::Impl::free_block_locked(Block* b) {
       if (b->next) b->next->prev = b;
     }
     b->size += n->size;
-    delete n;
+    arena.destroy(n);
   }
   if (b->prev || b->next) {
     stat_add(inactive_split, static_cast<std::int64_t>(b->size));
@@ -302,7 +302,7 @@ std::size_t CachingPool::Impl::release_locked() {
       stat_add(segment_count, -1);
       released += seg->size;
       segments.erase(seg);
-      delete b;
+      arena.destroy(b);
       delete seg;
     }
   }
@@ -331,7 +331,7 @@ void CachingPool::Impl::destroy() {
   for (Segment* seg : segments) {
     for (Block* b = seg->first; b != nullptr;) {
       Block* next = b->next;
-      delete b;
+      arena.destroy(b);
       b = next;
     }
     delete seg;

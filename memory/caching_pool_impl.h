@@ -13,6 +13,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "node_arena.h"
 #include "tandem/memory/caching_pool.h"
 
 namespace tandem::memory {
@@ -130,8 +131,15 @@ struct CachingPool::Impl {
   bool cache_enabled = false;
 
   mutable std::mutex mu;
-  std::set<Block*, BlockLess> small_free, large_free;
-  std::unordered_map<void*, Block*> live;  // allocated blocks, thread-cached ones included
+  // Blocks and container nodes are recycled (declared first: destroyed after the containers).
+  NodeArena arena;
+  using FreeSet = std::set<Block*, BlockLess, ArenaAllocator<Block*>>;
+  using LiveMap = std::unordered_map<void*, Block*, std::hash<void*>, std::equal_to<void*>,
+                                     ArenaAllocator<std::pair<void* const, Block*>>>;
+  FreeSet small_free{BlockLess{}, ArenaAllocator<Block*>(arena)};
+  FreeSet large_free{BlockLess{}, ArenaAllocator<Block*>(arena)};
+  // Allocated blocks, thread-cached ones included.
+  LiveMap live{64, std::hash<void*>{}, std::equal_to<void*>{}, LiveMap::allocator_type(arena)};
   std::unordered_set<Segment*> segments;
   Stat reserved, segment_count, active, active_blocks, inactive_split, inactive_split_blocks;
   std::int64_t locked_alloc_bytes = 0, locked_alloc_count = 0;

@@ -81,7 +81,13 @@ int main(int argc, char** argv) {
   auto y = torch::randn({32, 1024});
   std::vector<double> ms;
   long faults = 0;
+  std::int64_t allocs0 = 0, bytes0 = 0;  // tandem only: how much allocating one step does
   for (int s = 0; s < warmup + steps; ++s) {
+    if (stack && s == warmup) {
+      const auto st = stack->stats();
+      allocs0 = st.allocations.total;
+      bytes0 = st.allocated_bytes.total;
+    }
     const long f0 = minor_faults();
     const auto t0 = std::chrono::steady_clock::now();
     opt.zero_grad();
@@ -100,9 +106,16 @@ int main(int argc, char** argv) {
   double mean = 0;
   for (double v : ms) mean += v;
   mean /= static_cast<double>(ms.size());
+  double allocs_per_step = 0, mib_per_step = 0;
+  if (stack) {
+    const auto st = stack->stats();
+    allocs_per_step = static_cast<double>(st.allocations.total - allocs0) / steps;
+    mib_per_step = static_cast<double>(st.allocated_bytes.total - bytes0) / steps / (1 << 20);
+  }
   std::printf("{\"allocator\": \"%s\", \"steps\": %d, \"median_ms\": %.3f, \"mean_ms\": %.3f, \"min_ms\": %.3f, "
-              "\"minor_faults_per_step\": %.1f}\n",
+              "\"minor_faults_per_step\": %.1f, \"allocations_per_step\": %.1f, "
+              "\"allocated_mib_per_step\": %.2f}\n",
               allocator.c_str(), steps, sorted[sorted.size() / 2], mean, sorted.front(),
-              static_cast<double>(faults) / static_cast<double>(steps));
+              static_cast<double>(faults) / static_cast<double>(steps), allocs_per_step, mib_per_step);
   return 0;
 }
