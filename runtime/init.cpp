@@ -6,9 +6,16 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <thread>
 
 namespace tandem {
 
@@ -18,6 +25,45 @@ std::string this_host_name() {
   char name[256] = {0};
   if (gethostname(name, sizeof name - 1) != 0) return "127.0.0.1";
   return name;
+}
+
+// Whether something accepts TCP connections at host:port right now (one non-blocking connect per
+// address, at most 200 ms each).
+bool accepts_connections(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return false;
+  bool ok = false;
+  for (addrinfo* a = found; a != nullptr && !ok; a = a->ai_next) {
+    const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
+      ok = true;
+    } else if (errno == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      int error = 0;
+      socklen_t len = sizeof error;
+      ok = ::poll(&p, 1, 200) == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &len) == 0 &&
+           error == 0;
+    }
+    ::close(fd);
+  }
+  ::freeaddrinfo(found);
+  return ok;
+}
+
+// libtorch's TCPStore client sleeps a whole second after a refused connect before it retries
+// (1.13; measured with strace during restarts, where the other ranks usually start before rank 0
+// listens). Waiting for the listener with cheap probes first turns that second into milliseconds.
+// The server drops a probe that closes without a request.
+void wait_for_store_listener(const std::string& host, int port, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!accepts_connections(host, port) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  // On timeout the TCPStore below fails with its own error, reported with the advice below.
 }
 
 c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
@@ -30,6 +76,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
   store_options.waitWorkers = false;
   store_options.timeout = o.timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
+  if (env.rank != 0) wait_for_store_listener(env.master_addr, env.master_port, o.timeout);
   try {
     return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
   } catch (const std::exception& e) {
