@@ -3,6 +3,7 @@
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/checkpoint/step_directory.h>
 #include <tandem/collectives/communicator.h>
+#include <tandem/runtime/trace.h>
 
 #include "checkpoint_manager_impl.h"
 #include "training_state.h"
@@ -133,6 +134,8 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
   std::string local_error;
   const auto t_write = Clock::now();
   try {
+    trace::Span span("checkpoint write", trace::kCheckpoint);
+    if (trace::enabled()) span.arg("step", job.step);
     if (job.has_file) {
       const ShardWriteResult w = write_shard(*fs, opts.directory, job.step, rank, world,
                                              std::move(job.sources), job.values);
@@ -149,6 +152,7 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
   s.write_s = seconds_since(t_write);
   s.bytes = mine.bytes;
   const auto t_commit = Clock::now();
+  trace::Span commit_span("checkpoint commit", trace::kCheckpoint);
   std::vector<int> failed;
   const std::vector<ShardReport> reports = exchange_reports(mine, local_error.empty(), &failed);
   std::string commit_error;
@@ -170,6 +174,7 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
     committed = t.data_ptr<int64_t>()[0];
   }
   s.commit_s = seconds_since(t_commit);
+  commit_span.end();
   s.total_s = seconds_since(job.started);
   const std::string step = "step " + std::to_string(job.step);
   if (!local_error.empty()) {
@@ -294,7 +299,12 @@ void CheckpointManager::Impl::save(int64_t step) {
   }
   wait_idle();  // at most one save in flight
   rethrow_error();
-  std::unique_ptr<Job> job = collect(step);
+  std::unique_ptr<Job> job;
+  {
+    trace::Span span("checkpoint snapshot", trace::kCheckpoint);  // what blocks training
+    if (trace::enabled()) span.arg("step", step);
+    job = collect(step);
+  }
   job->started = t0;
   if (!opts.async) {
     job->blocked_s = seconds_since(t0);  // refined below: everything blocks in sync mode

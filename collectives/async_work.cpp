@@ -47,9 +47,15 @@ void AsyncWork::finish(std::exception_ptr error) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
+    finished_at_ = Clock::now();
     error_ = std::move(error);
   }
   done_cv_.notify_all();
+}
+
+AsyncWork::Clock::time_point AsyncWork::finished_at() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return done_ ? finished_at_ : issued_at_;
 }
 
 bool AsyncWork::is_completed() {

@@ -38,6 +38,8 @@ class AsyncWork : public Work {
 
   const OpDescription& description() const { return description_; }
   Clock::time_point issued_at() const { return issued_at_; }
+  // When finish() ran (trace: a bucket's reduce ends here); issued_at() before that.
+  Clock::time_point finished_at();
 
  private:
   const OpDescription description_;
@@ -47,6 +49,7 @@ class AsyncWork : public Work {
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;
+  Clock::time_point finished_at_{};
   std::exception_ptr error_;
 };
 

@@ -5,6 +5,7 @@
 #include "shm_allreduce.h"
 #include "tensor_checks.h"
 
+#include <tandem/runtime/trace.h>
 #include <tandem/errors.h>
 
 #include <gloo/allgather.h>
@@ -282,6 +283,8 @@ void GlooCommunicator::run_ops() {
           "tandem: " + d.str() + " was not run: the communicator became unusable: " + broken));
     } else {
       try {
+        trace::Span span(d.name.c_str(), trace::kComm);  // the op on the wire, on this thread
+        if (trace::enabled()) span.arg("op", d.str());
         task.run();
       } catch (const std::exception& e) {
         const std::string what = e.what();

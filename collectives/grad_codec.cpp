@@ -1,6 +1,7 @@
 #include <tandem/collectives/grad_codec.h>
 
 #include <tandem/errors.h>
+#include <tandem/runtime/trace.h>
 
 #include "codec_wire.h"
 
@@ -23,6 +24,8 @@ WorkPtr GradCodec::reduce(Communicator& comm, GradBucket& bucket) {
   }
   uncompressed_bytes_ += CountingCommunicator::allreduce_bytes(
       static_cast<uint64_t>(bucket.buffer.numel()) * bucket.buffer.element_size(), comm.size());
+  trace::Span span("codec encode", trace::kCodec);  // what runs on the caller's thread
+  if (trace::enabled()) span.arg("codec", name()).arg("bucket", bucket.index);
   return encode_and_reduce(*wire_, bucket);
 }
 

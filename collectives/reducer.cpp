@@ -1,6 +1,9 @@
 #include <tandem/collectives/reducer.h>
 
 #include <tandem/errors.h>
+#include <tandem/runtime/trace.h>
+
+#include "async_work.h"
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -64,6 +67,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
     GradBucket grads;
     int64_t pending = 0;
     WorkPtr work;
+    int64_t launch_us = 0;  // trace: when the reduce was launched (0: not traced)
   };
 
   std::vector<at::Tensor> params;
@@ -93,6 +97,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
   Clock::time_point first_launch;
   double overlap_seconds = 0;
   double wait_seconds = 0;
+  int64_t backward_begin_us = 0;  // trace: first grad hook of this backward (0: not traced)
 
   at::Tensor view(int64_t param) const {
     const auto [b, slot] = location[param];
@@ -169,6 +174,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
       Bucket& next = buckets[next_launch++];
       if (next_launch == 1) first_launch = Clock::now();
       next.grads.step = step;
+      next.launch_us = trace::enabled() ? trace::now_us() : 0;
       next.work = codec->reduce(*comm, next.grads);
     }
   }
@@ -232,6 +238,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
     locally_used[p] = 1;
     if (!callback_queued) {
       callback_queued = true;
+      backward_begin_us = trace::enabled() ? trace::now_us() : 0;
       std::weak_ptr<ReducerState> weak = weak_from_this();
       torch::autograd::Engine::get_default_engine().queue_callback([weak] {
         if (auto self = weak.lock()) self->finalize();
@@ -248,6 +255,28 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
     }
     copy_into_bucket(p);
     mark_ready(p);
+  }
+
+  // Timeline: backward compute (first hook -> all buckets launched), the wait for the reduces,
+  // and each bucket's reduce from launch to completion as an async span.
+  void trace_backward(Clock::time_point wait_start, Clock::time_point done) {
+    if (backward_begin_us != 0) {
+      trace::complete("backward", trace::kCompute, backward_begin_us, trace::to_us(wait_start),
+                      trace::Args().add("step", step));
+    }
+    trace::complete("reduce wait", trace::kWait, trace::to_us(wait_start), trace::to_us(done));
+    const std::string codec_name = codec->name();
+    for (const auto& b : buckets) {
+      if (b.launch_us == 0) continue;
+      auto* async = dynamic_cast<AsyncWork*>(b.work.get());
+      const int64_t end = async != nullptr ? trace::to_us(async->finished_at()) : trace::to_us(done);
+      const int64_t bytes = b.grads.buffer.numel() * static_cast<int64_t>(b.grads.buffer.element_size());
+      trace::async_span("bucket " + std::to_string(b.grads.index) + " reduce", trace::kComm,
+                        static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(b.grads.index),
+                        b.launch_us, end,
+                        trace::Args().add("bucket", b.grads.index).add("bytes", bytes)
+                            .add("codec", codec_name).add("step", step));
+    }
   }
 
   void finalize() {
@@ -283,6 +312,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
     for (auto& w : works) w->wait();
     const auto done = Clock::now();
     std::lock_guard<std::mutex> lock(mutex);
+    if (trace::enabled()) trace_backward(wait_start, done);
     overlap_seconds = std::chrono::duration<double>(wait_start - first_launch).count();
     wait_seconds = std::chrono::duration<double>(done - wait_start).count();
     const int32_t* used = used_map.defined() ? used_map.data_ptr<int32_t>() : nullptr;

@@ -1,11 +1,11 @@
 // train_fault_tolerant: a training run that survives a killed worker.
 //
 //   tandemrun --standalone --nproc-per-node 2 --max-restarts 2 build/bin/train_fault_tolerant
-//       --crash-at-step 70        (one command line)
+//       --config examples/configs/train_fault_tolerant.yaml --crash-at-step 70   (one line)
 //
 // Demonstrates tandemrun's restarts and tandem::CheckpointManager: the tiny transformer LM of
-// train_lm is trained with DataParallel; every --every steps the model, the AdamW state, the RNG
-// and DataParallel's state are checkpointed (atomic, checksummed, written in the background).
+// train_lm is trained with DataParallel; every checkpoint.every_n_steps steps the model, the
+// AdamW state, the RNG and DataParallel's state are checkpointed into checkpoint.directory (atomic, checksummed, written in the background).
 // With --crash-at-step S, rank 1 SIGKILLs itself at step S of the first attempt; tandemrun stops
 // the other worker, starts both again, they resume from the newest valid checkpoint and finish.
 // The final parameter checksum printed at the end is the same, to the bit, as that of a run
@@ -43,40 +43,37 @@ int restart_count() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app("tandem example: fault-tolerant training (start with tandemrun --max-restarts)");
-  std::string dir = "ckpt_fault_tolerant";
-  int64_t steps = 150, batch = 8, every = 20, crash_at = -1;
-  uint64_t seed = 1234;
-  bool fresh = false;
-  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "sequences per rank per step")->check(CLI::PositiveNumber);
-  app.add_option("--every", every, "checkpoint every N steps")->check(CLI::PositiveNumber);
-  app.add_option("--checkpoint-dir", dir, "where checkpoints go");
-  app.add_option("--crash-at-step", crash_at, "rank 1 SIGKILLs itself at this step (first attempt)");
-  app.add_option("--seed", seed, "seed of model init and data");
-  app.add_flag("--fresh", fresh, "ignore existing checkpoints (delete --checkpoint-dir first)");
-  CLI11_PARSE(app, argc, argv);
-
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach tandemrun even if killed later
-  return tandem::run_main(argc, argv, [&](int, char**) {
+  return tandem::run_main(argc, argv, [](tandem::Context& ctx) {
+    CLI::App app("tandem example: fault-tolerant training (start with tandemrun --max-restarts)");
+    int64_t crash_at = -1;
+    bool fresh = false;
+    app.add_option("--crash-at-step", crash_at, "rank 1 SIGKILLs itself at this step (first attempt)");
+    app.add_flag("--fresh", fresh, "delete checkpoint.directory first (first attempt only)");
+    try {
+      app.parse(ctx.argc(), ctx.argv());
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
     at::set_num_threads(1);
-    auto dist = tandem::init();
-    const int rank = dist.world->rank();
+    const auto& train = ctx.config().train;
+    const int rank = ctx.rank();
+    // checkpoint.* from the config; this example's defaults where the config leaves them unset.
+    tandem::CheckpointManagerOptions options = ctx.config().checkpoint;
+    if (options.directory.empty()) options.directory = "ckpt_fault_tolerant";
+    if (options.every_n_steps == 0) options.every_n_steps = 20;
+    options.communicator = ctx.world();
+    const std::string dir = options.directory;
     if (fresh && rank == 0 && restart_count() == 0) std::filesystem::remove_all(dir);
-    dist.world->barrier()->wait();
+    ctx.world()->barrier()->wait();
 
     const tiny_lm::LmConfig lm;
+    const uint64_t seed = train.seed;
     const auto data = tiny_lm::text_tensor(tiny_lm::synthetic_text(1 << 16, seed));
     torch::manual_seed(seed);
     tiny_lm::TinyLm model(lm);
-    tandem::DataParallel ddp(model, dist.world);
-    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3));
-
-    tandem::CheckpointManagerOptions options;
-    options.directory = dir;
-    options.every_n_steps = every;
-    options.keep_last = 2;
-    options.communicator = dist.world;
+    tandem::DataParallel ddp(model, ctx.world(), ctx.config().ddp);
+    torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(train.lr));
     tandem::CheckpointManager ckpt(options);
     ckpt.add_module("model", *model);
     ckpt.add_optimizer("optim", opt);
@@ -95,14 +92,14 @@ int main(int argc, char** argv) {
         std::printf("attempt %d: starting from scratch\n", restart_count());
     }
     double loss_value = 0;
-    for (int64_t step = first; step < steps; ++step) {
+    for (int64_t step = first; step < train.steps; ++step) {
       if (step == crash_at && rank == 1 && restart_count() == 0) {
         std::printf("rank 1: simulating a crash at step %lld (SIGKILL)\n",
                     static_cast<long long>(step));
         std::fflush(stdout);
         ::kill(::getpid(), SIGKILL);
       }
-      auto windows = tiny_lm::batch_windows(data, batch, lm.context, seed, step, rank);
+      auto windows = tiny_lm::batch_windows(data, train.batch_size, lm.context, seed, step, rank);
       opt.zero_grad();
       auto loss = tiny_lm::lm_loss(ddp(tiny_lm::lm_inputs(windows)), windows);
       loss.backward();
@@ -116,7 +113,7 @@ int main(int argc, char** argv) {
     ckpt.wait();
     if (rank == 0)
       std::printf("finished %lld steps: loss %.4f, parameter checksum %016llx\n",
-                  static_cast<long long>(steps), loss_value,
+                  static_cast<long long>(train.steps), loss_value,
                   static_cast<unsigned long long>(parameter_checksum(model)));
     return 0;
   });

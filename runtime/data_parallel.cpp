@@ -1,6 +1,7 @@
 #include <tandem/runtime/data_parallel.h>
 
 #include <tandem/errors.h>
+#include <tandem/runtime/trace.h>
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
@@ -121,14 +122,27 @@ DataParallelCore::DataParallelCore(std::shared_ptr<torch::nn::Module> module,
 
 DataParallelCore::~DataParallelCore() = default;
 
+namespace {
+// trace: start of the forward in flight on this thread (after the buffer broadcast, which is comm).
+thread_local int64_t t_forward_begin_us = 0;
+}  // namespace
+
 void DataParallelCore::pre_forward() {
   reducer_->prepare_for_forward();
   if (options_.broadcast_buffers) broadcast_buffers();
+  if (trace::enabled()) {
+    trace::sample_allocator();
+    t_forward_begin_us = trace::now_us();
+  }
 }
 
 void DataParallelCore::broadcast_buffers() { broadcast_coalesced(*comm_, buffers_, 0); }
 
 void DataParallelCore::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (trace::enabled() && t_forward_begin_us != 0) {
+    trace::complete("forward", trace::kCompute, t_forward_begin_us, trace::now_us());
+    t_forward_begin_us = 0;
+  }
   if (!at::GradMode::is_enabled()) return;  // evaluation: no backward expected
   if (sync_) {
     reducer_->prepare_for_backward(outputs);

@@ -1,10 +1,13 @@
 #include <tandem/runtime/dist_env.h>
 
 #include <tandem/errors.h>
+#include <tandem/runtime/slurm.h>
 
 #include <cerrno>
 #include <cstdlib>
+#include <initializer_list>
 #include <limits>
+#include <map>
 
 namespace tandem {
 
@@ -34,10 +37,64 @@ std::string parse_string(const DistEnv::Lookup& lookup, const char* name,
   return raw == nullptr ? fallback : std::string(raw);
 }
 
+// The torchrun variables a task started directly by srun would have had (dist_env.h).
+std::map<std::string, std::string> slurm_as_torchrun(const DistEnv::Lookup& lookup) {
+  auto get = [&](std::initializer_list<const char*> names) -> const char* {
+    for (const char* name : names) {
+      const char* v = lookup(name);
+      if (v != nullptr && *v != '\0') return v;
+    }
+    return nullptr;
+  };
+  std::map<std::string, std::string> vars;
+  // Set whenever this runs (from_env checked); an empty value is kept so the error names it.
+  const char* ntasks = lookup("SLURM_NTASKS");
+  vars["RANK"] = lookup("SLURM_PROCID");
+  vars["WORLD_SIZE"] = ntasks != nullptr ? ntasks : lookup("SLURM_NPROCS");
+  if (const char* v = get({"SLURM_LOCALID"})) vars["LOCAL_RANK"] = v;
+  const char* node = get({"SLURM_NODEID"});
+  if (node != nullptr) vars["GROUP_RANK"] = node;
+  if (const char* tasks = get({"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
+    const int node_index = node != nullptr ? parse_int(lookup, "SLURM_NODEID", 0) : 0;
+    vars["LOCAL_WORLD_SIZE"] = std::to_string(slurm::tasks_on_node(tasks, node_index));
+  }
+  if (const char* addr = get({"MASTER_ADDR"})) {
+    vars["MASTER_ADDR"] = addr;
+  } else if (const char* list =
+                 get({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})) {
+    vars["MASTER_ADDR"] = slurm::first_host(list);
+  }
+  const char* job = get({"SLURM_JOB_ID", "SLURM_JOBID"});
+  if (const char* port = get({"MASTER_PORT"})) {
+    vars["MASTER_PORT"] = port;
+  } else if (job != nullptr) {
+    const long long id =
+        parse_int(lookup, lookup("SLURM_JOB_ID") != nullptr ? "SLURM_JOB_ID" : "SLURM_JOBID", 0);
+    vars["MASTER_PORT"] = std::to_string(10000 + (id % 20000 + 20000) % 20000);
+  }
+  if (job != nullptr) vars["TORCHELASTIC_RUN_ID"] = job;
+  if (const char* v = get({"SLURM_RESTART_COUNT"})) vars["TORCHELASTIC_RESTART_COUNT"] = v;
+  if (const char* v = get({"TORCHELASTIC_ERROR_FILE"})) vars["TORCHELASTIC_ERROR_FILE"] = v;
+  return vars;
+}
+
 }  // namespace
 
 DistEnv DistEnv::from_env(const Lookup& lookup) {
+  const bool torchrun = lookup("RANK") != nullptr || lookup("WORLD_SIZE") != nullptr;
+  const bool srun = !torchrun && lookup("SLURM_PROCID") != nullptr &&
+                    (lookup("SLURM_NTASKS") != nullptr || lookup("SLURM_NPROCS") != nullptr);
+  if (srun) {
+    const std::map<std::string, std::string> vars = slurm_as_torchrun(lookup);
+    DistEnv env = from_env([&vars](const char* name) -> const char* {
+      const auto it = vars.find(name);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    });
+    env.source = "slurm";
+    return env;
+  }
   DistEnv env;
+  if (torchrun) env.source = "torchrun";
   const bool launched = lookup("RANK") != nullptr || lookup("WORLD_SIZE") != nullptr;
   env.world_size = parse_int(lookup, "WORLD_SIZE", 1);
   env.rank = parse_int(lookup, "RANK", 0);

@@ -4,6 +4,7 @@
 #include "../tensor_checks.h"
 
 #include <c10/core/GradMode.h>
+#include <tandem/runtime/trace.h>
 
 #include <pthread.h>
 
@@ -48,6 +49,8 @@ void StageThread::loop() {
       queue_.pop_front();
     }
     try {
+      trace::Span span("codec stage", trace::kCodec);  // encode, wire ops and decode of a bucket
+      if (trace::enabled()) span.arg("codec", codec_name_).arg("op", next.first->describe());
       next.second();
       next.first->finish();
     } catch (...) {

@@ -9,11 +9,16 @@
 #include <tandem/collectives/grad_codec.h>
 #include <tandem/collectives/nccl_communicator.h>
 #include <tandem/collectives/reducer.h>
+#include <tandem/config/config.h>
+#include <tandem/config/options_registry.h>
 #include <tandem/errors.h>
+#include <tandem/runtime/context.h>
 #include <tandem/runtime/data_parallel.h>
 #include <tandem/runtime/dist_env.h>
 #include <tandem/runtime/init.h>
+#include <tandem/runtime/metrics.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <tandem/runtime/pipeline_schedule.h>
 #include <tandem/runtime/pipeline_simulate.h>
 #include <tandem/runtime/run_main.h>
+#include <tandem/runtime/trace.h>

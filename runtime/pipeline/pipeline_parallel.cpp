@@ -14,6 +14,8 @@
 
 #include "pipeline_impl.h"
 
+#include <tandem/runtime/trace.h>
+
 namespace tandem {
 
 using pipeline::Action;
@@ -617,10 +619,16 @@ at::Tensor PipelineParallel::train_step(const at::Tensor& input, const at::Tenso
     st.live.clear();
   }
   double busy = 0;
+  trace::Span step_span("pipeline step", trace::kPipeline);  // idle time inside = bubble
   for (const Action& a : I.schedule.actions[I.rank]) {
     const auto t0 = Clock::now();
     I.run(a);
     const auto t1 = Clock::now();
+    if (trace::enabled()) {  // F/B/I/W are compute; sends and receives are communication
+      trace::complete(pipeline::to_string(a.op), op_index(a.op) >= 0 ? trace::kCompute : trace::kComm,
+                      trace::to_us(t0), trace::to_us(t1),
+                      trace::Args().add("stage", a.stage).add("microbatch", a.microbatch));
+    }
     const double start = seconds_between(I.step_start, t0), end = seconds_between(I.step_start, t1);
     I.timeline.push_back({I.rank, a, start, end});
     const int64_t idx = op_index(a.op);
@@ -632,6 +640,7 @@ at::Tensor PipelineParallel::train_step(const at::Tensor& input, const at::Tenso
     }
   }
   I.sender->drain();
+  step_span.end();
   I.last_busy = busy;
   I.last_span = seconds_between(I.step_start, Clock::now());
   I.micro_inputs.clear();

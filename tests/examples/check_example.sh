@@ -4,6 +4,7 @@
 #   check_example.sh TANDEMRUN EXAMPLE_BINARY lm|compressed|fault_tolerant
 set -euo pipefail
 tandemrun="$1" binary="$2" kind="$3"
+configs="$(cd "$(dirname "$0")/../../examples/configs" && pwd)"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 cd "$work"
@@ -12,21 +13,26 @@ fail() { echo "check_example: $kind: $*" >&2; exit 1; }
 
 case "$kind" in
   lm)
-    out="$(run "$binary" --steps 40 --log-every 20)"; echo "$out"
+    out="$(run "$binary" --config "$configs/train_lm.yaml" --set train.steps=40 --set metrics.file=m.jsonl)"
+    echo "$out"
     [ -s lm_model.pt ] || fail "no saved model lm_model.pt"
+    [ "$(wc -l < m.jsonl)" -eq 2 ] || fail "metrics.file m.jsonl should hold 2 records (steps 20, 40)"
     # The loss must fall well below the uniform guess (ln 256 = 5.545) within 40 steps.
     awk '/trained 40 steps/ { for (i = 1; i <= NF; i++) if ($i == "->") last = $(i + 1) }
          END { exit !(last != "" && last + 0 < 3.0) }' <<<"$out" || fail "loss did not fall below 3.0"
     ;;
   compressed)
-    out="$(run "$binary" --codec fp16 --steps 20)"; echo "$out"
+    out="$(run "$binary" --config "$configs/train_compressed.yaml" --set compression.codec=fp16 \
+           --set train.steps=20)"; echo "$out"
     # fp16 halves the bytes on the wire.
     grep -q "fp16 sent 2.0x fewer bytes than plain averaging" <<<"$out" || fail "fp16 did not halve the traffic"
     ;;
   fault_tolerant)
-    clean="$(run "$binary" --steps 40 --every 10 --checkpoint-dir clean)"; echo "$clean"
-    crashed="$("$tandemrun" --standalone --nproc-per-node 2 --max-restarts 1 "$binary" --steps 40 \
-               --every 10 --checkpoint-dir crashed --crash-at-step 25 2>&1)"; echo "$crashed"
+    common=(--config "$configs/train_fault_tolerant.yaml" --set train.steps=40
+            --set checkpoint.every_n_steps=10)
+    clean="$(run "$binary" "${common[@]}" --set checkpoint.directory=clean)"; echo "$clean"
+    crashed="$("$tandemrun" --standalone --nproc-per-node 2 --max-restarts 1 "$binary" "${common[@]}" \
+               --set checkpoint.directory=crashed --crash-at-step 25 2>&1)"; echo "$crashed"
     grep -q "restarting all workers" <<<"$crashed" || fail "tandemrun did not restart the workers"
     grep -q "resumed from the checkpoint of step 20" <<<"$crashed" || fail "did not resume from step 20"
     a="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$clean")"

@@ -1,8 +1,14 @@
 // The launcher environment contract, parsed once at the edge.
 //
 // Workers started by tandemrun, torchrun, or Slurm/Kubernetes wrappers that export the torchrun
-// variables read them here and nowhere else. A process started by hand (none of RANK/WORLD_SIZE
-// set) is a world of one.
+// variables read them here and nowhere else. A worker started directly by `srun` (RANK and
+// WORLD_SIZE unset, SLURM_PROCID and SLURM_NTASKS set) reads Slurm's step variables instead:
+// RANK=SLURM_PROCID, WORLD_SIZE=SLURM_NTASKS, LOCAL_RANK=SLURM_LOCALID, LOCAL_WORLD_SIZE from
+// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID, GROUP_RANK=SLURM_NODEID, MASTER_ADDR (if unset) =
+// first host of SLURM_STEP_NODELIST/SLURM_JOB_NODELIST, MASTER_PORT (if unset) = 10000 +
+// SLURM_JOB_ID % 20000 (same on every task of a job, different for most concurrent jobs),
+// TORCHELASTIC_RUN_ID=SLURM_JOB_ID, TORCHELASTIC_RESTART_COUNT=SLURM_RESTART_COUNT. A process
+// started by hand (none of these set) is a world of one.
 //
 // Errors: from_env() throws ConfigError naming the variable, the value seen and the fix, for
 // non-numeric values, RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, ports out of range, or
@@ -26,6 +32,8 @@ struct DistEnv {
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
   std::string run_id;        // TORCHELASTIC_RUN_ID
   std::string error_file;    // TORCHELASTIC_ERROR_FILE
+  std::string source = "none";  // where the values came from: "torchrun" (any launcher that
+                                // sets its variables), "slurm" (srun directly) or "none"
 
   // Looks variables up with `lookup` (nullptr when unset); tests inject a map.
   using Lookup = std::function<const char*(const char*)>;

@@ -20,8 +20,11 @@
 
 #include <functional>
 #include <string>
+#include <type_traits>
 
 namespace tandem {
+
+class Context;  // tandem/runtime/context.h
 
 // Runs `fn(argc, argv)` and returns its exit code.
 //  - An exception escaping fn: "<Type>: <what>" goes to stderr and to TORCHELASTIC_ERROR_FILE (when
@@ -29,8 +32,32 @@ namespace tandem {
 //  - A fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) while fn runs: an async-signal-safe
 //    handler writes an error file naming the signal, then the signal is re-raised with its default
 //    action (the process still dies of it, core dump included).
+//  - Under `tandemrun --standby`, a process started ahead of a restart waits here, before fn and
+//    before anything reads the environment, until tandemrun hands it its worker environment
+//    (TANDEM_STANDBY_FD); it exits 0 quietly when tandemrun does not need it. Without that
+//    variable nothing waits. Code in main() before run_main runs before the environment is set.
 // Call it once, from main(). Handlers are installed for the duration of the call only.
 int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn);
+
+// The same, with a Context (tandem/runtime/context.h): tandem's flags (--config FILE, --set K=V,
+// --print-config, --help-config; docs/config.md) are taken out of argv, the config is loaded from
+// them and the TANDEM_* environment, the world is connected, then fn(ctx) runs.
+//  - --help-config prints every key with its default and doc; --print-config prints the effective
+//    config as YAML with each value's source (rank 0 only); both return 0 without running fn.
+//  - A config error (InvalidConfigError, or a ConfigError while the Context is built) is reported
+//    like an exception above but returns 2, so scripts tell "fix the config" from a crash.
+int run_main(int argc, char** argv, const std::function<int(Context&)>& fn);
+
+// For `[](tandem::Context& ctx) { ... }` with no return value: returns 0 when fn returns.
+template <class F, std::enable_if_t<std::is_invocable_v<F&, Context&> &&
+                                        std::is_void_v<std::invoke_result_t<F&, Context&>>,
+                                    int> = 0>
+int run_main(int argc, char** argv, F fn) {
+  return run_main(argc, argv, std::function<int(Context&)>([&fn](Context& ctx) {
+                    fn(ctx);
+                    return 0;
+                  }));
+}
 
 // Tells the launcher this worker makes progress. Call it every training step: it costs one clock
 // read, and touches the file named by TANDEM_HEARTBEAT_FILE at most every 100 ms (nothing at all

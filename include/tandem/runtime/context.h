@@ -1,0 +1,69 @@
+// tandem::Context: what a training program gets from tandem::run_main — its validated Config, the
+// connected world, and the command-line arguments that were not tandem's.
+//
+//   int main(int argc, char** argv) {
+//     return tandem::run_main(argc, argv, [](tandem::Context& ctx) {
+//       tandem::DataParallel ddp(model, ctx.world(), ctx.config().ddp);
+//       for (int64_t step = 0; step < ctx.config().train.steps; ++step) { ... }
+//     });
+//   }
+//
+// Construction order: config loaded and validated (nothing connects before that), then
+// tandem::init(config.comm) (collective: every rank constructs its Context), then, with
+// allocator.install, tandem's host stack becomes libtorch's CPU allocator until the Context dies;
+// with trace.enabled the timeline recorder starts (tandem/runtime/trace.h) and the Context's
+// destructor writes <trace.dir>/rank<R>.json, also when the program failed.
+// Ownership: the Context owns the Distributed (store + world communicator) and the allocator stack.
+// Thread-safety: const accessors may be called from any thread; not copyable or movable.
+// Errors: InvalidConfigError for the config, ConfigError/TimeoutError from tandem::init.
+#pragma once
+
+#include <tandem/config/config.h>
+#include <tandem/runtime/init.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem {
+namespace memory {
+class HostMemoryStack;
+}
+
+class Context {
+ public:
+  // Connects and installs as described above. `args`: argv without tandem's flags (args[0] is
+  // the program).
+  Context(LoadedConfig loaded, std::vector<std::string> args);
+  ~Context();
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  const Config& config() const { return loaded_.config; }
+  // Where each key's value came from ("train.yaml:3:5", "TANDEM_X", "--set"; absent: default).
+  const std::map<std::string, std::string>& config_sources() const { return loaded_.source; }
+
+  const Distributed& distributed() const { return dist_; }
+  const std::shared_ptr<Communicator>& world() const { return dist_.world; }
+  int rank() const { return dist_.env.rank; }
+  int world_size() const { return dist_.env.world_size; }
+
+  // The program's own arguments, for its own parser (CLI11 takes argc()/argv()).
+  const std::vector<std::string>& args() const { return args_; }
+  int argc() const { return static_cast<int>(args_.size()); }
+  char** argv() { return argv_.data(); }
+
+  // The installed host allocator stack (stats, snapshots, a LeakDetector over tracking() with
+  // config().allocator.leaks), or nullptr without allocator.install.
+  memory::HostMemoryStack* allocator() const { return allocator_.get(); }
+
+ private:
+  LoadedConfig loaded_;
+  std::vector<std::string> args_;
+  std::vector<char*> argv_;
+  Distributed dist_;
+  std::shared_ptr<memory::HostMemoryStack> allocator_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,88 @@
+// Training progress: a one-line report every metrics.log_every steps and a JSON-lines file for
+// plotting (docs/metrics.md).
+//
+//   tandem::ProgressLogger logger(options.metrics, total_steps, rank, world);
+//   logger.track_overlap(ddp.reducer());                 // optional
+//   for (int64_t step = 1; step <= total_steps; ++step) { ...; logger.step(step, loss, batch); }
+//
+// prints on rank 0, e.g.
+//   step 120/1000 loss 0.4312 1834 samples/s ETA 2m31s peak 212 MiB overlap 71%
+// `step` is the number of steps done (1-based); `samples` is what this rank processed in that
+// step; samples/s is global (times `world`), measured since the previous line; ETA extrapolates
+// that pace. Peak memory is the installed tandem CPU allocator's allocated-bytes high-water mark
+// when one is installed (memory/cpu_allocator.h), else the process's maximum RSS. Overlap is the
+// share of the last backward's gradient reduction that ran while backward was still computing.
+// Other ranks print and write nothing.
+//
+// Determinism: the text and the JSON depend only on the arguments and the injected sources
+// (clock, peak memory, overlap), so tests pin them. Thread-safety: one training thread.
+// Errors: the constructor throws ConfigError when metrics.file cannot be opened for appending,
+// or log_every < 0.
+#pragma once
+
+#include <tandem/runtime/trace_options.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <optional>
+#include <ostream>
+#include <string>
+
+namespace tandem {
+
+class Reducer;
+
+struct ProgressSources {
+  std::function<double()> clock;         // seconds, monotonic; default: steady_clock
+  std::function<int64_t()> peak_bytes;   // default: allocator peak, else max RSS
+  std::function<std::optional<double>()> overlap;  // 0..1; default: none (not printed)
+};
+
+// One logged step, as printed and written.
+struct ProgressRecord {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double samples_per_s = 0;
+  double elapsed_s = 0;
+  std::optional<double> eta_s;  // unknown without total_steps
+  int64_t peak_bytes = 0;
+  std::optional<double> overlap;
+};
+
+class ProgressLogger {
+ public:
+  ProgressLogger(MetricsOptions options, int64_t total_steps, int rank, int world,
+                 ProgressSources sources = {}, std::ostream* out = nullptr /* std::cout */);
+  ~ProgressLogger();
+  ProgressLogger(const ProgressLogger&) = delete;
+  ProgressLogger& operator=(const ProgressLogger&) = delete;
+
+  // Call once per step. Returns the record when this step was logged (on rank 0).
+  std::optional<ProgressRecord> step(int64_t step, double loss, int64_t samples);
+
+  // Overlap from a DataParallel's reducer (reducer.last_overlap_seconds()/wait). The reducer must
+  // outlive the logger.
+  void track_overlap(const Reducer& reducer);
+
+  static std::string format_line(const ProgressRecord& r);
+  static std::string format_json(const ProgressRecord& r);
+  // "45s", "2m31s", "1h02m".
+  static std::string format_duration(double seconds);
+
+ private:
+  MetricsOptions options_;
+  int64_t total_steps_;
+  int rank_;
+  int world_;
+  ProgressSources sources_;
+  std::ostream* out_;
+  std::FILE* file_ = nullptr;
+  double start_s_ = 0;
+  double window_start_s_ = 0;
+  int64_t window_samples_ = 0;
+  int64_t window_steps_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,40 @@
+// Internal: the registry's entries with their setters and getters (runtime/config/registry.cpp),
+// and the text helpers the loader and printer share.
+#pragma once
+
+#include <tandem/config/options_registry.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace tandem::config_detail {
+
+// Why a value was refused.
+enum class SetStatus { kOk, kType, kRange, kChoice };
+
+struct SetResult {
+  SetStatus status = SetStatus::kOk;
+  std::string suggestion;  // for kChoice: the closest valid choice, or ""
+};
+
+struct KeySpec {
+  ConfigKeyInfo info;
+  bool is_list = false;
+  std::vector<std::string> choices;  // for type "choice"
+  // Parses `text` into the member. List keys take "1,2,3" or "[1, 2, 3]".
+  std::function<SetResult(Config&, const std::string& text)> set;
+  std::function<std::string(const Config&)> get;  // list keys print "[1, 2, 3]"
+};
+
+const std::vector<KeySpec>& specs();
+const KeySpec* find_spec(const std::string& key);
+
+// "ddp.bucket_cap_mb" -> "TANDEM_DDP_BUCKET_CAP_MB".
+std::string env_name(const std::string& key);
+// Levenshtein distance.
+std::size_t edit_distance(const std::string& a, const std::string& b);
+// The closest of `candidates` to `word` within a distance that still looks like a typo, or "".
+std::string closest(const std::string& word, const std::vector<std::string>& candidates);
+
+}  // namespace tandem::config_detail

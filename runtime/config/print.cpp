@@ -1,0 +1,155 @@
+// The registry's public face (include/tandem/config/options_registry.h): key list, suggestions,
+// and the printed forms (effective YAML, defaults as text and as Markdown tables).
+#include "key_spec.h"
+
+#include <algorithm>
+
+namespace tandem {
+namespace {
+
+using config_detail::specs;
+
+std::vector<std::string> split(const std::string& key) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const auto dot = key.find('.', start);
+    parts.push_back(key.substr(start, dot - start));
+    if (dot == std::string::npos) return parts;
+    start = dot + 1;
+  }
+}
+
+std::string section_of(const std::string& key) { return key.substr(0, key.find('.')); }
+std::string leaf_of(const std::string& key) { return key.substr(key.rfind('.') + 1); }
+
+std::string quoted(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
+}
+
+// As YAML: strings quoted (so "", "null" or "1" stay strings), everything else plain.
+std::string yaml_value(const config_detail::KeySpec& s, const std::string& v) {
+  return s.info.type == "string" ? quoted(v) : v;
+}
+
+std::string md_cell(const std::string& s) {
+  std::string out;
+  for (char c : s) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+std::string env_text(const ConfigKeyInfo& k) {
+  return k.env_alias.empty() ? k.env : k.env + " (or " + k.env_alias + ")";
+}
+
+}  // namespace
+
+const std::vector<ConfigKeyInfo>& config_keys() {
+  static const std::vector<ConfigKeyInfo> keys = [] {
+    std::vector<ConfigKeyInfo> out;
+    for (const auto& s : specs()) out.push_back(s.info);
+    return out;
+  }();
+  return keys;
+}
+
+const std::vector<std::string>& config_sections() {
+  static const std::vector<std::string> sections = [] {
+    std::vector<std::string> out;
+    for (const auto& s : specs()) {
+      const std::string sec = section_of(s.info.key);
+      if (std::find(out.begin(), out.end(), sec) == out.end()) out.push_back(sec);
+    }
+    return out;
+  }();
+  return sections;
+}
+
+std::string config_value(const Config& config, const std::string& key) {
+  const auto* s = config_detail::find_spec(key);
+  if (s == nullptr) {
+    const std::string hint = suggest_config_key(key);
+    throw ConfigError("tandem: no config key '" + key + "'" + (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
+  }
+  return s->get(config);
+}
+
+std::string suggest_config_key(const std::string& key) {
+  std::vector<std::string> all, same_section, same_leaf;
+  const std::string section = key.find('.') == std::string::npos ? "" : section_of(key);
+  for (const auto& s : specs()) {
+    const std::string& k = s.info.key;
+    all.push_back(k);
+    if (section_of(k) == section) same_section.push_back(k);
+    if (leaf_of(k) == leaf_of(key)) same_leaf.push_back(k);
+  }
+  // A typo inside the right section ("ddp.bucket_cap" -> "ddp.bucket_cap_mb").
+  if (const std::string s = config_detail::closest(key, same_section); !s.empty()) return s;
+  // The right name in the wrong or a missing section ("bucket_cap_mb" -> "ddp.bucket_cap_mb").
+  if (same_leaf.size() == 1) return same_leaf[0];
+  return config_detail::closest(key, all);
+}
+
+std::string config_to_yaml(const Config& config, const std::map<std::string, std::string>* sources) {
+  std::string out;
+  std::vector<std::string> open;  // the maps we are inside
+  std::string section;
+  for (const auto& s : specs()) {
+    const auto parts = split(s.info.key);
+    if (section_of(s.info.key) != section && !out.empty()) out += "\n";
+    section = section_of(s.info.key);
+    std::size_t common = 0;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
+    open.resize(common);
+    for (std::size_t i = common; i + 1 < parts.size(); ++i) {
+      out += std::string(2 * i, ' ') + parts[i] + ":\n";
+      open.push_back(parts[i]);
+    }
+    out += std::string(2 * (parts.size() - 1), ' ') + parts.back() + ": " + yaml_value(s, s.get(config));
+    if (sources != nullptr) {
+      const auto it = sources->find(s.info.key);
+      out += "  # " + (it == sources->end() ? std::string("default") : it->second);
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+std::string config_defaults_text() {
+  std::string out;
+  for (const auto& k : config_keys()) {
+    out += k.key + " = " + (k.type == "string" ? quoted(k.default_value) : k.default_value) + "\n";
+    out += "    " + k.type + (k.allowed.empty() ? "" : ", " + k.allowed) + "; env " + env_text(k) + "\n";
+    out += "    " + k.doc + "\n";
+  }
+  return out;
+}
+
+std::string config_defaults_markdown(const std::string& section) {
+  std::string out;
+  std::string current;
+  for (const auto& k : config_keys()) {
+    const std::string sec = section_of(k.key);
+    if (!section.empty() && sec != section) continue;
+    if (sec != current) {
+      if (!out.empty()) out += "\n";
+      out += "### `" + sec + "`\n\n| key | type | default | allowed | environment | doc |\n|---|---|---|---|---|---|\n";
+      current = sec;
+    }
+    const std::string def = k.type == "string" ? quoted(k.default_value) : k.default_value;
+    out += "| `" + k.key + "` | " + k.type + " | `" + md_cell(def) + "` | " + md_cell(k.allowed) + " | `" + k.env +
+           "`" + (k.env_alias.empty() ? "" : " (or `" + k.env_alias + "`)") + " | " + md_cell(k.doc) + " |\n";
+  }
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,90 @@
+// tandem::Context (include/tandem/runtime/context.h) and the run_main overload that builds it
+// (include/tandem/runtime/run_main.h). Here rather than in run_main.cpp, which stays free of
+// torch headers.
+#include "tandem/runtime/context.h"
+
+#include <tandem/config/options_registry.h>
+#include <tandem/memory/cpu_allocator.h>
+#include <tandem/runtime/run_main.h>
+#include <tandem/runtime/trace.h>
+
+#include <cxxabi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <typeinfo>
+#include <utility>
+
+namespace tandem {
+namespace {
+
+std::string type_name(const std::exception& e) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name != nullptr ? name : typeid(e).name();
+  std::free(name);
+  return out;
+}
+
+}  // namespace
+
+Context::Context(LoadedConfig loaded, std::vector<std::string> args)
+    : loaded_(std::move(loaded)), args_(std::move(args)) {
+  for (auto& a : args_) argv_.push_back(a.data());
+  argv_.push_back(nullptr);
+  dist_ = init(loaded_.config.comm);
+  if (loaded_.config.allocator.install) {
+    allocator_ = memory::install_host_cpu_allocator(loaded_.config.allocator.stack);
+    if (allocator_ == nullptr) {
+      throw ConfigError(
+          "tandem: allocator.install = true, but another CPU allocator with a higher priority is "
+          "installed; set allocator.install = false or remove the other allocator.");
+    }
+  }
+  trace::start(loaded_.config.trace, dist_.env.rank);  // nothing unless trace.enabled
+}
+
+Context::~Context() {
+  // The timeline is written even when the program failed: that is when it is wanted most.
+  try {
+    trace::stop();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem: the timeline was not written: %s\n", e.what());
+  }
+  // Tensors allocated meanwhile keep the stack alive and free into it wherever they die.
+  if (allocator_ != nullptr) memory::uninstall_cpu_allocator();
+  // The world communicator goes before the store it rendezvoused through.
+  dist_.world.reset();
+}
+
+int run_main(int argc, char** argv, const std::function<int(Context&)>& fn) {
+  return run_main(argc, argv, [&fn](int ac, char** av) -> int {
+    std::vector<char*> args(av, av + ac);
+    args.push_back(nullptr);
+    int n = ac;
+    std::unique_ptr<Context> ctx;
+    try {
+      const ConfigArgs flags = take_config_args(n, args.data());
+      if (flags.help_config) {
+        std::fputs(config_defaults_text().c_str(), stdout);
+        return 0;
+      }
+      LoadedConfig loaded = load_config({flags.files, process_environment(), flags.sets});
+      if (flags.print_config) {
+        if (loaded.config.comm.env.rank == 0)
+          std::fputs(config_to_yaml(loaded.config, &loaded.source).c_str(), stdout);
+        return 0;
+      }
+      ctx = std::make_unique<Context>(std::move(loaded), std::vector<std::string>(args.begin(), args.begin() + n));
+    } catch (const ConfigError& e) {
+      // Exit code 2: the run cannot succeed until the config changes (restarting will not help).
+      const std::string message = type_name(e) + ": " + e.what();
+      std::fprintf(stderr, "tandem::run_main: configuration error: %s\n", message.c_str());
+      write_error_file(message, "C++ exception (configuration)\n" + message + "\n");
+      return 2;
+    }
+    return fn(*ctx);
+  });
+}
+
+}  // namespace tandem

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# tandem-tune end to end: two short train_lm trials under tandemrun; checks the table, the trial
+# files and that the best config is valid for tandem-config.
+#   run_tune.sh TANDEM_TUNE TANDEM_CONFIG TANDEMRUN TRAIN_LM
+set -euo pipefail
+tune="$1" config="$2" tandemrun="$3" train_lm="$4"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+fail() { echo "run_tune: $*" >&2; exit 1; }
+out="$("$tune" --grid ddp.bucket_cap_mb=1,25 --steps 20 --log-every 5 --out best.yaml \
+        -- "$tandemrun" --standalone --nproc-per-node 2 "$train_lm" --set train.batch_size=4 2>&1)" ||
+  { echo "$out"; fail "tandem-tune failed"; }
+echo "$out"
+grep -q "<- best" <<<"$out" || fail "no best trial marked"
+[ "$(grep -c ' ok' <<<"$out")" -ge 2 ] || fail "expected two ok trials"
+for i in 1 2; do
+  [ -s "tune_trials/trial_$i.jsonl" ] || fail "missing tune_trials/trial_$i.jsonl"
+  [ "$(wc -l < "tune_trials/trial_$i.jsonl")" -eq 4 ] || fail "trial $i: expected 4 progress records"
+done
+grep -q "^  bucket_cap_mb: " best.yaml || fail "best.yaml has no ddp.bucket_cap_mb"
+"$config" check --config best.yaml || fail "tandem-config rejects best.yaml"
+# A failing command is reported, not hidden.
+if "$tune" --grid ddp.bucket_cap_mb=1 --steps 20 --log-every 5 -- false >bad.txt 2>&1; then
+  fail "an all-failing grid must exit non-zero"
+fi
+grep -q "every trial failed" bad.txt || { cat bad.txt; fail "no 'every trial failed' message"; }
+echo "run_tune: ok"
