@@ -227,7 +227,48 @@ bool write_error_file(const std::string& message, const std::string& callstack) 
   return write_whole_file(path, json);
 }
 
+namespace {
+
+// tandemrun --standby: this process was started ahead of a restart, has loaded the program and its
+// libraries, and waits here for its worker environment: "KEY=VALUE" entries, each ended by NUL,
+// then one more NUL, on the descriptor TANDEM_STANDBY_FD names. End of file first means the
+// launcher did not need it: exit quietly. Acknowledged with one byte 'A' on the same descriptor
+// (a socket) once set. Runs before anything reads the environment.
+void await_standby_activation() {
+  const char* fd_text = std::getenv("TANDEM_STANDBY_FD");
+  if (fd_text == nullptr) return;
+  const int fd = std::atoi(fd_text);
+  ::unsetenv("TANDEM_STANDBY_FD");
+  std::string message;
+  char buffer[4096];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    message.append(buffer, static_cast<size_t>(n));
+    if (message.size() >= 2 && message.compare(message.size() - 2, 2, std::string(2, '\0')) == 0)
+      break;
+  }
+  if (message.size() < 2 || message.compare(message.size() - 2, 2, std::string(2, '\0')) != 0)
+    std::_Exit(0);  // not activated (or cut short): the launcher discarded this standby
+  message.pop_back();
+  for (size_t start = 0; start < message.size();) {
+    const size_t end = message.find('\0', start);
+    const std::string entry = message.substr(start, end - start);
+    const size_t eq = entry.find('=');
+    if (eq != std::string::npos && eq > 0)
+      ::setenv(entry.substr(0, eq).c_str(), entry.substr(eq + 1).c_str(), 1);
+    start = end + 1;
+  }
+  const ssize_t acked = ::write(fd, "A", 1);  // the launcher waits for this before it counts on us
+  (void)acked;
+  ::close(fd);
+}
+
+}  // namespace
+
 int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
+  await_standby_activation();
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   g_have_error_path = false;
   if (path != nullptr && *path != '\0' && std::strlen(path) < sizeof(g_error_path)) {

@@ -5,14 +5,18 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <sstream>
 
+#include "cluster_env.h"
 #include "free_port.h"
+#include "log_files.h"
 #include "tandem/errors.h"
 
 #ifndef TANDEM_VERSION
@@ -34,6 +38,8 @@ constexpr const char* kFooter =
     "Everything from PROGRAM on is passed to the program unchanged (use -- before PROGRAM if its\n"
     "name starts with '-'). Options also read torchrun's PET_<NAME> environment variables.\n"
     "OMP_NUM_THREADS is set to 1 for every worker when it is unset and --nproc-per-node > 1.\n"
+    "Multi-node (--nnodes MAX > 1): every node needs the same job token, from TANDEM_JOB_TOKEN\n"
+    "or --rdzv-token-file; agents of another job are turned away.\n"
     "\n"
     "Exit status: 0 all workers exited 0 (possibly after restarts); 1 a worker failed and no\n"
     "restart was left (a summary names the root cause); 2 bad command line;\n"
@@ -51,8 +57,8 @@ class UsageFormatter : public CLI::Formatter {
   }
 };
 
-// --nnodes takes torchrun's "N" or "MIN:MAX"; this cut runs exactly one node.
-int parse_nnodes(const std::string& text) {
+// --nnodes takes torchrun's "N" or "MIN:MAX" (multi-node when MAX > 1: docs/launcher.md).
+void parse_nnodes(const std::string& text, LauncherOptions& o) {
   const auto colon = text.find(':');
   auto parse_int = [&](const std::string& part) {
     char* end = nullptr;
@@ -63,15 +69,48 @@ int parse_nnodes(const std::string& text) {
     }
     return static_cast<int>(v);
   };
-  const int min_nodes = parse_int(text.substr(0, colon));
-  const int max_nodes = colon == std::string::npos ? min_nodes : parse_int(text.substr(colon + 1));
-  if (min_nodes != 1 || max_nodes != 1) {
-    throw ConfigError(
-        "--nnodes " + text +
-        ": multi-node runs come with the fault-tolerant agent; this tandemrun runs a single node "
-        "(use --nnodes 1, or torchrun/Slurm for several nodes)");
+  o.min_nodes = parse_int(text.substr(0, colon));
+  o.max_nodes = colon == std::string::npos ? o.min_nodes : parse_int(text.substr(colon + 1));
+  if (o.min_nodes > o.max_nodes) {
+    throw ConfigError("--nnodes " + text + ": MIN is larger than MAX; write MIN:MAX, e.g. 1:" +
+                      std::to_string(o.min_nodes));
   }
-  return 1;
+  o.nnodes = o.multi_node() ? o.min_nodes : 1;
+}
+
+// The multi-node options (docs/launcher.md "Multi-node").
+void validate_multi_node(const LauncherOptions& o) {
+  auto seconds = [](const char* name, double v, double low, double high) {
+    if (!std::isfinite(v) || v < low || v > high) {
+      std::ostringstream text;
+      text << name << " must be between " << low << " and " << high << " seconds (got " << v
+           << ")";
+      throw ConfigError(text.str());
+    }
+  };
+  seconds("--rdzv-last-call-s", o.rdzv_last_call_s, 0, 86400);
+  seconds("--rdzv-join-timeout-s", o.rdzv_join_timeout_s, 1, 86400);
+  seconds("--rdzv-node-timeout-s", o.rdzv_node_timeout_s, 0.5, 3600);
+  if (o.rdzv_backend != "c10d" && o.rdzv_backend != "static") {
+    throw ConfigError("--rdzv-backend " + o.rdzv_backend +
+                      " is not supported; tandemrun's rendezvous is c10d (a TCPStore)");
+  }
+  if (o.rdzv_id.empty()) throw ConfigError("--rdzv-id must not be empty");
+  for (const char c : o.rdzv_id) {
+    if (std::isalnum(static_cast<unsigned char>(c)) == 0 && c != '-' && c != '_' && c != '.') {
+      throw ConfigError("--rdzv-id '" + o.rdzv_id +
+                        "' may contain only letters, digits, '-', '_' and '.'");
+    }
+  }
+  if (!o.multi_node()) return;
+  if (o.standalone) {
+    throw ConfigError("--standalone is a single-node option; drop it for --nnodes " +
+                      std::to_string(o.min_nodes) + ":" + std::to_string(o.max_nodes));
+  }
+  if (o.node_rank < 0 || o.node_rank >= o.max_nodes) {
+    throw ConfigError("--node-rank must be in 0.." + std::to_string(o.max_nodes - 1) + " (got " +
+                      std::to_string(o.node_rank) + ")");
+  }
 }
 
 void validate(const LauncherOptions& o, bool port_given) {
@@ -83,10 +122,11 @@ void validate(const LauncherOptions& o, bool port_given) {
     throw ConfigError("--nproc-per-node " + std::to_string(o.nproc_per_node) +
                       " is more workers than one node can run; use at most 4096");
   }
-  if (o.node_rank != 0) {
+  if (!o.multi_node() && o.node_rank != 0) {
     throw ConfigError("--node-rank must be 0 for a single-node run (got " +
                       std::to_string(o.node_rank) + ")");
   }
+  validate_multi_node(o);
   if (o.master_port < 1 || o.master_port > 65535) {
     throw ConfigError("--master-port must be in 1..65535 (got " + std::to_string(o.master_port) +
                       ")");
@@ -189,19 +229,24 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.set_version_flag("--version", std::string("tandemrun (tandem) ") + TANDEM_VERSION,
                        "Print the version and exit");
 
-  app.add_option(
+  auto* nnodes_option = app.add_option(
          "--nnodes", nnodes,
-         "Number of nodes, N or MIN:MAX; only 1 is supported until the fault-tolerant agent")
+         "Number of nodes, N or MIN:MAX; MAX > 1 runs the multi-node rendezvous (a late node "
+         "joins at the next restart, the job goes on with >= MIN nodes)")
       ->envname("PET_NNODES")
       ->capture_default_str();
-  app.add_option("--node-rank,--node_rank", o.node_rank,
-                 "Rank of this node (GROUP_RANK); 0 on a single node")
-      ->envname("PET_NODE_RANK")
-      ->capture_default_str();
+  auto* node_rank_option =
+      app.add_option("--node-rank,--node_rank", o.node_rank,
+                     "Rank of this node (GROUP_RANK); 0 on a single node. Multi-node: the node "
+                     "with rank 0 hosts the rendezvous store when there is no --rdzv-endpoint, "
+                     "and given ranks order the nodes of a round (else join order)")
+          ->envname("PET_NODE_RANK")
+          ->capture_default_str();
   auto* nproc = app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
-                               "Number of worker processes to start on this node (required)")
+                               "Number of worker processes to start on this node (required unless "
+                               "Slurm's SLURM_GPUS_ON_NODE/SLURM_NTASKS_PER_NODE give it)")
                     ->envname("PET_NPROC_PER_NODE");
-  app.add_option("--master-addr,--master_addr", o.master_addr,
+  auto* master_addr = app.add_option("--master-addr,--master_addr", o.master_addr,
                  "Address of rank 0's store (MASTER_ADDR)")
       ->envname("PET_MASTER_ADDR")
       ->capture_default_str();
@@ -212,11 +257,12 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_flag("--standalone", o.standalone,
                "Pick a free port on --master-addr instead of --master-port (single-node runs)")
       ->envname("PET_STANDALONE");
-  app.add_option("--run-id,--run_id", o.run_id,
+  auto* run_id = app.add_option("--run-id,--run_id", o.run_id,
                  "Run id given to workers as TORCHELASTIC_RUN_ID (default: random)")
       ->envname("PET_RUN_ID");
   app.add_option("--grace-period-s,--grace_period_s", o.grace_period_s,
                  "Seconds stopping workers get between SIGTERM and SIGKILL")
+      ->envname("PET_GRACE_PERIOD_S")
       ->capture_default_str();
   app.add_option("--max-restarts,--max_restarts", o.max_restarts,
                  "Restarts of all workers after a worker failure before giving up")
@@ -229,7 +275,71 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.add_option("--heartbeat-timeout,--heartbeat_timeout", o.heartbeat_timeout_s,
                  "Seconds without tandem::heartbeat() after the first one before a worker counts "
                  "as hung and failed (0: off)")
+      ->envname("PET_HEARTBEAT_TIMEOUT")
       ->capture_default_str();
+  app.add_option("--trace-dir,--trace_dir", o.trace_dir,
+                 "Workers record timelines into DIR (TANDEM_TRACE_DIR); merged into "
+                 "DIR/timeline.json with a summary after the run (docs/timeline.md)")
+      ->envname("PET_TRACE_DIR");
+  app.add_flag("--standby", o.standby,
+               "Keep the next attempt's workers started ahead, waiting in tandem::run_main for "
+               "their environment, so a restart skips process start and library loading "
+               "(programs must use tandem::run_main; needs --max-restarts > 0)")
+      ->envname("PET_STANDBY");
+  std::string ranks_filter;
+  app.add_option("--log-dir,--log_dir", o.log_dir,
+                 "Base directory for worker log files: <dir>/<run id>_XXXXXX/attempt_<restart>/"
+                 "<local rank>/{stdout,stderr}.log and error.json (default: a temp dir, made "
+                 "only when --redirects/--tee ask for files)")
+      ->envname("PET_LOG_DIR");
+  app.add_option("-r,--redirects", o.redirects,
+                 "Send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, for "
+                 "all local ranks, or per local rank as 0:3,1:2")
+      ->envname("PET_REDIRECTS")
+      ->capture_default_str();
+  app.add_option("-t,--tee", o.tee,
+                 "Send worker streams to log files and the console (syntax of --redirects)")
+      ->envname("PET_TEE")
+      ->capture_default_str();
+  app.add_option("--local-ranks-filter,--local_ranks_filter", ranks_filter,
+                 "Comma-separated local ranks whose output is shown on the console, e.g. 0 "
+                 "(log files are written for all; default: all)")
+      ->envname("PET_LOCAL_RANKS_FILTER");
+
+  // Multi-node rendezvous (docs/launcher.md "Multi-node").
+  app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
+                 "Rendezvous backend: c10d (or static, the same here): a TCPStore of the agents")
+      ->envname("PET_RDZV_BACKEND")
+      ->capture_default_str();
+  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
+                 "HOST[:PORT] of the agents' rendezvous store; the agent that can bind it hosts "
+                 "it (default: --master-addr:--master-port, hosted by node rank 0)")
+      ->envname("PET_RDZV_ENDPOINT");
+  app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
+                 "Job id shared by all nodes; namespaces the rendezvous keys")
+      ->envname("PET_RDZV_ID")
+      ->capture_default_str();
+  app.add_option("--rdzv-token-file,--rdzv_token_file", o.rdzv_token_file,
+                 "File whose first line is the job token (when TANDEM_JOB_TOKEN is unset); "
+                 "agents with another token are rejected")
+      ->envname("PET_RDZV_TOKEN_FILE");
+  app.add_option("--rdzv-last-call-s,--rdzv_last_call_s", o.rdzv_last_call_s,
+                 "Seconds a round with >= MIN nodes stays open for more (it closes at once with "
+                 "MAX)")
+      ->envname("PET_RDZV_LAST_CALL_S")
+      ->capture_default_str();
+  app.add_option("--rdzv-join-timeout-s,--rdzv_join_timeout_s", o.rdzv_join_timeout_s,
+                 "Seconds an agent waits for a round to gather MIN nodes before giving up")
+      ->envname("PET_RDZV_JOIN_TIMEOUT_S")
+      ->capture_default_str();
+  app.add_option("--rdzv-node-timeout-s,--rdzv_node_timeout_s", o.rdzv_node_timeout_s,
+                 "Seconds without a keep-alive after which a node counts as lost")
+      ->envname("PET_RDZV_NODE_TIMEOUT_S")
+      ->capture_default_str();
+  app.add_option("--local-addr,--local_addr", o.local_addr,
+                 "Address other nodes use to reach this node's workers (default: 127.0.0.1 when "
+                 "the rendezvous is on loopback, else the host name)")
+      ->envname("PET_LOCAL_ADDR");
 
   try {
     app.parse(argc, const_cast<char**>(argv));  // CLI11 does not modify argv
@@ -254,12 +364,40 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   }
   if (rest.empty())
     throw ConfigError("no PROGRAM given; usage: tandemrun --nproc-per-node N PROGRAM [ARGS...]");
-  if (nproc->count() == 0) {
+  // Cluster variables fill what neither the command line nor PET_* gave (cluster_env.h).
+  const ClusterEnv cluster = detect_cluster_env([](const char* name) { return std::getenv(name); });
+  std::string from_cluster;
+  auto fill = [&](CLI::Option* option, auto& field, const auto& value, const char* name) {
+    if (option->count() > 0 || !value) return;
+    field = *value;
+    std::ostringstream text;
+    text << " " << name << "=" << *value;
+    from_cluster += text.str();
+  };
+  std::optional<std::string> cluster_nnodes;
+  if (cluster.nnodes) cluster_nnodes = std::to_string(*cluster.nnodes);
+  fill(nnodes_option, nnodes, cluster_nnodes, "nnodes");
+  fill(node_rank_option, o.node_rank, cluster.node_rank, "node_rank");
+  fill(nproc, o.nproc_per_node, cluster.nproc_per_node, "nproc_per_node");
+  fill(master_addr, o.master_addr, cluster.master_addr, "master_addr");
+  fill(port, o.master_port, cluster.master_port, "master_port");
+  fill(run_id, o.run_id, cluster.run_id, "run_id");
+  if (!cluster.source.empty()) {
+    o.launch_sources = "launch settings from " + cluster.source +
+                       (from_cluster.empty() ? std::string(": none (all given)")
+                                             : ":" + from_cluster) +
+                       "; the rest from the command line, PET_* or defaults";
+  }
+  if (nproc->count() == 0 && !cluster.nproc_per_node) {
     throw ConfigError(
         "--nproc-per-node is required (how many workers to start), e.g. --nproc-per-node 2");
   }
-  o.nnodes = parse_nnodes(nnodes);
+  parse_nnodes(nnodes, o);
+  o.node_rank_given = node_rank_option->count() > 0 || cluster.node_rank.has_value();
   validate(o, port->count() > 0);
+  parse_std_spec(o.redirects, "--redirects");  // validated here; applied per worker
+  parse_std_spec(o.tee, "--tee");
+  o.local_ranks_filter = parse_ranks_filter(ranks_filter, o.nproc_per_node);
 
   o.program = rest.front();
   o.program_args.assign(rest.begin() + 1, rest.end());
@@ -269,6 +407,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
 }
 
 void resolve_launch_values(LauncherOptions& options) {
+  // Multi-node: every node's workers must see the same run id (torchrun uses the rdzv id).
+  if (options.run_id.empty() && options.multi_node()) options.run_id = options.rdzv_id;
   if (options.run_id.empty()) options.run_id = generate_run_id();
   if (options.standalone) options.master_port = pick_free_port(options.master_addr);
 }

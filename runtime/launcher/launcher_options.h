@@ -14,8 +14,8 @@ namespace tandem::launcher {
 inline constexpr int kDefaultMasterPort = 29500;
 
 struct LauncherOptions {
-  int nnodes = 1;          // only 1 in this cut (multi-node comes with the agent)
-  int node_rank = 0;       // GROUP_RANK of this node
+  int nnodes = 1;          // nodes of the current round (multi-node: set by each rendezvous)
+  int node_rank = 0;       // GROUP_RANK of this node (multi-node: assigned by each rendezvous)
   int nproc_per_node = 1;  // workers started on this node
   std::string master_addr = "127.0.0.1";
   int master_port = kDefaultMasterPort;  // with `standalone`, replaced by a free port at launch
@@ -25,6 +25,27 @@ struct LauncherOptions {
   int max_restarts = 0;                  // TORCHELASTIC_MAX_RESTARTS: restarts of the whole group
   double monitor_interval_s = 0.1;       // how often heartbeats are checked (torchrun's default)
   double heartbeat_timeout_s = 0;        // a worker silent this long after its first beat fails; 0 off
+  std::string trace_dir;                 // --trace-dir: TANDEM_TRACE_DIR for workers, merged after
+  bool standby = false;  // --standby: start the next attempt's workers ahead (tandem::run_main)
+  // Worker output (torchrun's options; semantics and file layout in log_files.h).
+  std::string log_dir;                  // base of <run_id>_XXXXXX/attempt_N/...; empty: temp dir
+  std::string redirects = "0";          // --redirects: 0-3 or "LOCAL_RANK:0-3,..."
+  std::string tee = "0";                // --tee: same syntax
+  std::vector<int> local_ranks_filter;  // local ranks shown on the console; empty: all
+  std::string launch_sources;           // one line: where nnodes/master/... came from (logged)
+  // Multi-node rendezvous (docs/launcher.md "Multi-node"); used only when max_nodes > 1.
+  int min_nodes = 1;                 // --nnodes MIN:MAX
+  int max_nodes = 1;
+  bool node_rank_given = false;      // --node-rank orders the nodes of a round (else join order)
+  std::string rdzv_backend = "c10d";
+  std::string rdzv_endpoint;         // HOST[:PORT] of the agents' store; empty: master addr/port
+  std::string rdzv_id = "none";      // namespace of the rendezvous keys
+  std::string rdzv_token_file;       // the job token when TANDEM_JOB_TOKEN is unset
+  double rdzv_last_call_s = 30;      // a round with >= MIN nodes closes this long after MIN joined
+  double rdzv_join_timeout_s = 600;  // how long an agent waits for a round to close
+  double rdzv_node_timeout_s = 15;   // an agent silent this long counts as lost
+  std::string local_addr;            // address other nodes' workers use to reach this node
+  bool multi_node() const { return max_nodes > 1; }
 
   std::string program;                    // as the user wrote it (argv[0] of every worker)
   std::string program_path;               // resolved like execvp does (PATH search), executable

@@ -4,8 +4,9 @@
 // restart was left (or the launch itself failed);
 // 2 bad command line, nothing started; 128+N stopped by signal N.
 //
-// A plain POSIX program on purpose: it links neither libtorch nor the tandem library, so it
-// starts no threads of its own and fork() + exec is safe.
+// Single-node runs stay a plain POSIX program: no store, no threads. Multi-node runs
+// (elastic_agent.cpp) link libtorch's c10d TCPStore, which runs threads; workers are still
+// forked from the main thread and the child makes only async-signal-safe calls until execve.
 
 #include <signal.h>
 
@@ -14,10 +15,13 @@
 #include <cmath>
 #include <sstream>
 
+#include "elastic_agent.h"
 #include "error_file.h"
 #include "fd_io.h"
 #include "free_port.h"
 #include "launcher_options.h"
+#include "root_cause.h"
+#include "launcher_trace.h"
 #include "run_summary.h"
 #include "signal_relay.h"
 #include "tandem/errors.h"
@@ -33,32 +37,6 @@ constexpr int kExitUsage = 2;
 // How long the other workers may take to fail by themselves after a failure that looks like the
 // consequence of another one (bounded by --grace-period-s as well).
 constexpr std::chrono::milliseconds kSettleLimit{3000};
-
-// A communication error (a peer died or timed out) is usually the consequence of another worker's
-// failure, not a cause: tandem's CommError / TimeoutError as run_main writes them.
-bool looks_secondary(const WorkerError& error) {
-  for (const char* prefix : {"tandem::CommError:", "tandem::TimeoutError:"}) {
-    if (error.message.rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
-
-// The root cause of one attempt among the workers that failed by themselves: the first seen
-// whose error does not look secondary; the first seen failure when all do (or none says).
-int root_cause_local_rank(const std::vector<Worker>& workers, int first_seen) {
-  int best = -1;
-  int best_order = 0;
-  for (const auto& w : workers) {
-    if (!w.failed_on_its_own() && w.local_rank != first_seen) continue;
-    const auto error = read_error_file(w.error_file);
-    if (error && looks_secondary(*error)) continue;
-    if (best < 0 || w.failure_order < best_order) {
-      best = w.local_rank;
-      best_order = w.failure_order;
-    }
-  }
-  return best >= 0 ? best : first_seen;
-}
 
 std::string seconds(double s) {
   std::ostringstream text;
@@ -139,6 +117,8 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
         group.stop(result.signal, grace);
         print_interrupt_summary(group.workers(), result.signal, options.grace_period_s);
         return 128 + result.signal;
+      case MonitorResult::Outcome::kExternal:
+        break;  // only with a monitor hook (the multi-node agent); none is set here
     }
     return kExitWorkerFailed;
   }
@@ -161,14 +141,20 @@ int tandemrun_main(int argc, char** argv) {
   }
 
   const LauncherOptions& options = command_line.options;
+  if (!options.launch_sources.empty()) log_line(options.launch_sources);
   std::vector<std::string> env = current_environment();
   if (omp_threads_defaulted(options, env)) {
     log_line("OMP_NUM_THREADS is not set; setting it to 1 for each of the " +
              std::to_string(options.nproc_per_node) +
              " workers to avoid overloading the machine (set it yourself to tune)");
   }
+  // Multi-node: the elastic agent (the only path that creates a rendezvous store).
+  if (options.multi_node()) return run_elastic_agent(options, std::move(env));
   try {
-    return run_workers(options, std::move(env));
+    const bool traced = !options.trace_dir.empty() && trace::prepare_trace_dir(options.trace_dir, env);
+    const int status = run_workers(options, std::move(env));
+    if (traced) trace::report_trace_dir(options.trace_dir);  // docs/timeline.md
+    return status;
   } catch (const Error& e) {
     log_line(std::string("error: ") + e.what());
     return kExitWorkerFailed;

@@ -19,12 +19,15 @@ constexpr std::size_t kDrainLimit = 4 * 1024 * 1024;
 OutputPump::OutputPump(int stdout_fd, int stderr_fd, std::size_t max_line)
     : stdout_fd_(stdout_fd), stderr_fd_(stderr_fd), max_line_(std::max<std::size_t>(max_line, 1)) {}
 
-void OutputPump::add_worker(int key, int rank, UniqueFd stdout_read, UniqueFd stderr_read) {
+void OutputPump::add_worker(int key, int rank, UniqueFd stdout_read, UniqueFd stderr_read,
+                            StreamSink stdout_sink, StreamSink stderr_sink) {
   const std::string prefix = "[rank " + std::to_string(rank) + "]: ";
   set_nonblocking(stdout_read.get());
   set_nonblocking(stderr_read.get());
-  streams_.push_back(Stream{key, std::move(stdout_read), stdout_fd_, prefix, {}});
-  streams_.push_back(Stream{key, std::move(stderr_read), stderr_fd_, prefix, {}});
+  streams_.push_back(Stream{key, std::move(stdout_read), stdout_fd_, stdout_sink.console,
+                            std::move(stdout_sink.file), prefix, {}});
+  streams_.push_back(Stream{key, std::move(stderr_read), stderr_fd_, stderr_sink.console,
+                            std::move(stderr_sink.file), prefix, {}});
 }
 
 void OutputPump::append_poll_fds(std::vector<pollfd>& fds) const {
@@ -79,6 +82,12 @@ bool OutputPump::read_some(Stream& stream, bool* got_data) {
 }
 
 void OutputPump::emit(Stream& stream, const char* data, std::size_t size) {
+  if (stream.file.valid() && !write_all(stream.file.get(), data, size)) {
+    log_line("cannot write a worker log file (" + std::string(std::strerror(errno)) +
+             "); dropping the rest of that stream's file copy");
+    stream.file.reset();
+  }
+  if (!stream.console) return;
   out_.clear();
   std::size_t start = 0;
   for (std::size_t i = 0; i < size; ++i) {
@@ -100,7 +109,7 @@ void OutputPump::emit(Stream& stream, const char* data, std::size_t size) {
 }
 
 void OutputPump::flush_partial(Stream& stream) {
-  if (stream.pending.empty()) return;
+  if (stream.pending.empty() || !stream.console) return;
   write_all(stream.dest, stream.prefix + stream.pending + "\n");
   stream.pending.clear();
 }

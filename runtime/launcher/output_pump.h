@@ -1,4 +1,5 @@
-// Forwards worker stdout/stderr to tandemrun's own stdout/stderr, one "[rank R]: " prefix per line.
+// Forwards worker stdout/stderr to tandemrun's own stdout/stderr, one "[rank R]: " prefix per line,
+// and/or to a log file per stream (--redirects/--tee: the worker's bytes unchanged).
 //
 // Single-threaded: the owner polls the descriptors from poll_fds() and calls on_ready() for each
 // that is readable. Only whole lines are written (a batch per read), so lines of different workers
@@ -15,6 +16,13 @@
 
 namespace tandem::launcher {
 
+// Where one worker stream goes: the console (prefixed lines), a log file (raw bytes), both, or
+// nowhere (read and dropped, so the worker never blocks on a full pipe).
+struct StreamSink {
+  bool console = true;
+  UniqueFd file;  // not valid: no file
+};
+
 class OutputPump {
  public:
   // Lines longer than `max_line` bytes are cut into several prefixed lines so a worker that never
@@ -22,8 +30,9 @@ class OutputPump {
   explicit OutputPump(int stdout_fd = 1, int stderr_fd = 2, std::size_t max_line = 64 * 1024);
 
   // Takes the read ends of worker `key`'s stdout and stderr pipes (made non-blocking here).
-  // Lines are prefixed with "[rank <rank>]: ".
-  void add_worker(int key, int rank, UniqueFd stdout_read, UniqueFd stderr_read);
+  // Console lines are prefixed with "[rank <rank>]: ".
+  void add_worker(int key, int rank, UniqueFd stdout_read, UniqueFd stderr_read,
+                  StreamSink stdout_sink = {}, StreamSink stderr_sink = {});
 
   // Appends one POLLIN entry per open stream.
   void append_poll_fds(std::vector<pollfd>& fds) const;
@@ -47,6 +56,8 @@ class OutputPump {
     int key;
     UniqueFd fd;
     int dest;             // our stdout or stderr
+    bool console;         // write prefixed lines to `dest`
+    UniqueFd file;        // log file (raw bytes) when valid
     std::string prefix;   // "[rank R]: "
     std::string pending;  // bytes after the last newline
   };

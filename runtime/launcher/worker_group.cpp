@@ -3,7 +3,9 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -47,7 +49,7 @@ struct ChildFailure {
 
 // Runs in the forked child: only async-signal-safe calls until execve().
 [[noreturn]] void exec_child(pid_t parent, int stdin_fd, int stdout_fd, int stderr_fd,
-                             int status_fd, const char* path, char* const* argv,
+                             int status_fd, int keep_fd, const char* path, char* const* argv,
                              char* const* envp) {
   SignalRelay::reset_in_child();
   if (::setpgid(0, 0) != 0) child_fail(status_fd, kSetpgid, errno);
@@ -57,6 +59,7 @@ struct ChildFailure {
   if (::dup2(stdin_fd, 0) < 0 || ::dup2(stdout_fd, 1) < 0 || ::dup2(stderr_fd, 2) < 0) {
     child_fail(status_fd, kDup2, errno);
   }
+  if (keep_fd >= 0 && ::fcntl(keep_fd, F_SETFD, 0) != 0) child_fail(status_fd, kDup2, errno);
   ::execve(path, argv, envp);
   child_fail(status_fd, kExec, errno);
 }
@@ -69,6 +72,32 @@ std::optional<double> seconds_since_modified(const std::string& path) {
   ::clock_gettime(CLOCK_REALTIME, &now);
   return static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
          static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) * 1e-9;
+}
+
+// Opens (truncates) one worker log file; an empty path means none.
+UniqueFd open_log_file(const std::string& path) {
+  if (path.empty()) return UniqueFd();
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (!fd.valid()) {
+    throw Error("cannot create the worker log file " + path + ": " + std::strerror(errno) +
+                "; choose a writable --log-dir");
+  }
+  return fd;
+}
+
+// A standby acknowledges its environment with one byte once it has set it. It may still be loading
+// its libraries when a restart comes early, hence the generous limit; a program that never waits
+// in tandem::run_main costs this much once, then the worker is started normally.
+constexpr int kStandbyAckMs = 10'000;
+
+bool acknowledged(int fd) {
+  pollfd p{fd, POLLIN, 0};
+  int ready;
+  do {
+    ready = ::poll(&p, 1, kStandbyAckMs);
+  } while (ready < 0 && errno == EINTR);
+  char ack = 0;
+  return ready == 1 && ::read(fd, &ack, 1) == 1 && ack == 'A';
 }
 
 std::vector<char*> c_strings(std::vector<std::string>& strings) {
@@ -97,9 +126,19 @@ WorkerGroup::WorkerGroup(LauncherOptions options, std::vector<std::string> base_
                 "): " + std::strerror(errno) + "; set TMPDIR to a writable directory");
   }
   state_dir_ = dir_template;
+  redirects_ = parse_std_spec(options_.redirects, "--redirects");
+  tee_ = parse_std_spec(options_.tee, "--tee");
+  // Like torchrun: error files live in the log dir whenever there is one; a temp one is made only
+  // when some stream goes to a file.
+  if (!options_.log_dir.empty() || redirects_.any() || tee_.any()) {
+    log_dir_.emplace(options_.log_dir, options_.run_id);
+    log_line("worker log files under " + log_dir_->path() +
+             "/attempt_<restart>/<local rank>/");
+  }
 }
 
 WorkerGroup::~WorkerGroup() {
+  discard_standby();
   if (!state_dir_.empty()) {
     if (DIR* dir = ::opendir(state_dir_.c_str())) {
       while (const dirent* entry = ::readdir(dir)) {
@@ -132,8 +171,10 @@ void WorkerGroup::start(int restart_count) {
     throw Error("internal: WorkerGroup::start() while workers of the last start still run");
   reap_all();
   workers_.clear();
+  activated_ = 0;
   first_failure_ = -1;
   failures_seen_ = 0;
+  if (log_dir_) log_dir_->prepare_attempt(restart_count, options_.nproc_per_node);
   try {
     for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank)
       spawn(local_rank, restart_count);
@@ -141,6 +182,14 @@ void WorkerGroup::start(int restart_count) {
     stop(SIGKILL, std::chrono::milliseconds(0));
     throw;
   }
+  const size_t prepared = standby_.size();
+  discard_standby();  // what was not used
+  if (prepared > 0 && activated_ > 0) {
+    log_line("restart " + std::to_string(restart_count) + ": " + std::to_string(activated_) +
+             " of " + std::to_string(options_.nproc_per_node) +
+             " workers taken over from standby processes (--standby)");
+  }
+  if (options_.standby && restart_count < options_.max_restarts) start_standby(restart_count);
 }
 
 void WorkerGroup::spawn(int local_rank, int restart_count) {
@@ -150,12 +199,34 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
   slot.restart_count = restart_count;
   const std::string file_stem =
       state_dir_ + "/restart" + std::to_string(restart_count) + "-rank" + std::to_string(rank);
-  slot.error_file = file_stem + ".error.json";
+  const std::string rank_dir =
+      log_dir_ ? log_dir_->rank_dir(restart_count, local_rank) : std::string();
+  slot.error_file = log_dir_ ? rank_dir + "/error.json" : file_stem + ".error.json";
   if (options_.heartbeat_timeout_s > 0) slot.heartbeat_file = file_stem + ".heartbeat";
   ::unlink(slot.error_file.c_str());
   if (!slot.heartbeat_file.empty()) ::unlink(slot.heartbeat_file.c_str());
-  // Everything the child needs is prepared before fork(): after it, only async-signal-safe calls.
   std::vector<std::string> env = build_worker_env(options_, slot, base_env_);
+  const WorkerRoutes routes =
+      route_worker(redirects_, tee_, options_.local_ranks_filter, local_rank, rank_dir);
+  StreamSink out_sink{routes.out.console, open_log_file(routes.out.file)};
+  StreamSink err_sink{routes.err.console, open_log_file(routes.err.file)};
+
+  std::optional<Launched> process = activate_standby(local_rank, env);
+  if (!process) process = launch(env, -1, "rank " + std::to_string(rank));
+  Worker worker;
+  worker.local_rank = local_rank;
+  worker.rank = rank;
+  worker.pid = process->pid;
+  worker.error_file = slot.error_file;
+  worker.heartbeat_file = slot.heartbeat_file;
+  workers_.push_back(worker);
+  output_.add_worker(local_rank, rank, std::move(process->out), std::move(process->err),
+                     std::move(out_sink), std::move(err_sink));
+}
+
+WorkerGroup::Launched WorkerGroup::launch(std::vector<std::string>& env, int keep_fd,
+                                          const std::string& who) {
+  // Everything the child needs is prepared before fork(): after it, only async-signal-safe calls.
   std::vector<std::string> args{options_.program};
   args.insert(args.end(), options_.program_args.begin(), options_.program_args.end());
   std::vector<char*> argv = c_strings(args);
@@ -174,27 +245,18 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     exec_child(parent, dev_null_.get(), out.write.get(), err.write.get(), status.write.get(),
-               options_.program_path.c_str(), argv.data(), envp.data());
+               keep_fd, options_.program_path.c_str(), argv.data(), envp.data());
   }
   const int fork_errno = errno;
   ::sigprocmask(SIG_SETMASK, &previous, nullptr);
   if (pid < 0) {
-    throw Error("cannot start rank " + std::to_string(rank) + ": fork() failed: " +
-                std::strerror(fork_errno) + "; too many processes? check `ulimit -u`");
+    throw Error("cannot start " + who + ": fork() failed: " + std::strerror(fork_errno) +
+                "; too many processes? check `ulimit -u`");
   }
   ::setpgid(pid, pid);  // the child does the same; doing it here too closes the race with killpg()
-
-  Worker worker;
-  worker.local_rank = local_rank;
-  worker.rank = rank;
-  worker.pid = pid;
-  worker.error_file = slot.error_file;
-  worker.heartbeat_file = slot.heartbeat_file;
-  workers_.push_back(worker);
   out.write.reset();
   err.write.reset();
   status.write.reset();
-  output_.add_worker(local_rank, rank, std::move(out.read), std::move(err.read));
 
   // End-of-file on the status pipe means execve() succeeded (the pipe is close-on-exec).
   ChildFailure failure{};
@@ -203,13 +265,85 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
     n = ::read(status.read.get(), &failure, sizeof(failure));
   } while (n < 0 && errno == EINTR);
   if (n == static_cast<ssize_t>(sizeof(failure))) {
+    ::waitpid(pid, nullptr, 0);  // it has _exit()ed
     const int stage = std::clamp(failure.stage, 0, kStageCount - 1);
     const bool missing_interpreter = stage == kExec && failure.error == ENOENT;
     throw Error(
-        "cannot start rank " + std::to_string(rank) + " ('" + options_.program_path +
-        "'): " + kStageNames[stage] + " failed: " + std::strerror(failure.error) +
+        "cannot start " + who + " ('" + options_.program_path + "'): " + kStageNames[stage] +
+        " failed: " + std::strerror(failure.error) +
         (missing_interpreter ? " (is the interpreter named on its #! line installed?)" : ""));
   }
+  return Launched{pid, std::move(out.read), std::move(err.read)};
+}
+
+void WorkerGroup::start_standby(int restart_count) {
+  discard_standby();
+  // What a worker's libraries read while loading (OMP_NUM_THREADS) must be right already; the
+  // per-rank variables come at activation. Without RANK a program that does not wait in
+  // tandem::run_main fails at once instead of training as a duplicate.
+  WorkerSlot slot;
+  slot.restart_count = restart_count + 1;
+  std::vector<std::string> predicted = build_worker_env(options_, slot, base_env_);
+  std::vector<std::string> env = base_env_;
+  for (const auto& e : predicted) {
+    if (e.rfind("OMP_NUM_THREADS=", 0) == 0 &&
+        std::none_of(env.begin(), env.end(),
+                     [](const std::string& b) { return b.rfind("OMP_NUM_THREADS=", 0) == 0; }))
+      env.push_back(e);
+  }
+  try {
+    for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank) {
+      // A socket pair, not a pipe: the standby acknowledges its environment on the same channel.
+      int fds[2];
+      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+        throw Error(std::string("socketpair() failed: ") + std::strerror(errno));
+      UniqueFd ours(fds[0]);
+      UniqueFd theirs(fds[1]);
+      std::vector<std::string> standby_env = env;
+      standby_env.push_back("TANDEM_STANDBY_FD=" + std::to_string(theirs.get()));
+      Launched process = launch(standby_env, theirs.get(),
+                                "the standby of local rank " + std::to_string(local_rank));
+      standby_.push_back(Standby{std::move(process), std::move(ours)});
+    }
+  } catch (const Error& e) {
+    log_line(std::string("--standby: ") + e.what() + "; restarts will start workers normally");
+    discard_standby();
+  }
+}
+
+std::optional<WorkerGroup::Launched> WorkerGroup::activate_standby(int local_rank,
+                                                                   std::vector<std::string>& env) {
+  if (static_cast<size_t>(local_rank) >= standby_.size()) return std::nullopt;
+  Standby& standby = standby_[static_cast<size_t>(local_rank)];
+  if (standby.process.pid <= 0) return std::nullopt;
+  std::string message;
+  for (const auto& e : env) message.append(e).push_back('\0');
+  message.push_back('\0');
+  const bool alive = ::waitpid(standby.process.pid, nullptr, WNOHANG) == 0;
+  if (alive && write_all(standby.control.get(), message.data(), message.size()) &&
+      acknowledged(standby.control.get())) {
+    standby.control.reset();
+    ++activated_;
+    Launched process = std::move(standby.process);
+    standby.process.pid = -1;
+    return process;
+  }
+  log_line("the standby of local rank " + std::to_string(local_rank) +
+           (alive ? " did not take its environment" : " exited before it was needed") +
+           " (does the program call tandem::run_main?); starting the worker normally");
+  ::killpg(standby.process.pid, SIGKILL);
+  ::waitpid(standby.process.pid, nullptr, 0);
+  standby.process.pid = -1;
+  return std::nullopt;
+}
+
+void WorkerGroup::discard_standby() {
+  for (auto& standby : standby_) {
+    if (standby.process.pid <= 0) continue;
+    ::killpg(standby.process.pid, SIGKILL);
+    ::waitpid(standby.process.pid, nullptr, 0);
+  }
+  standby_.clear();
 }
 
 MonitorResult WorkerGroup::monitor() {
@@ -228,14 +362,23 @@ MonitorResult WorkerGroup::monitor() {
       return result;
     }
     if (!any_running()) return MonitorResult{};
+    std::optional<Clock::time_point> wake;
     if (options_.heartbeat_timeout_s > 0) {
       check_heartbeats();
       if (first_failure_ >= 0) continue;
-      pump_once(Clock::now() +
-                std::chrono::microseconds(std::llround(options_.monitor_interval_s * 1e6)));
-    } else {
-      pump_once(std::nullopt);
+      wake = Clock::now() +
+             std::chrono::microseconds(std::llround(options_.monitor_interval_s * 1e6));
     }
+    if (hook_) {
+      if (hook_()) {
+        MonitorResult result;
+        result.outcome = MonitorResult::Outcome::kExternal;
+        return result;
+      }
+      const auto next = Clock::now() + hook_interval_;
+      if (!wake || next < *wake) wake = next;
+    }
+    pump_once(wake);
   }
 }
 

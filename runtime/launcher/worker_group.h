@@ -9,8 +9,14 @@
 // its process group: the zombie keeps its pid, so the group id cannot be reused by an unrelated
 // process that a late killpg() would hit.
 //
-// Not thread-safe; one thread drives it. It never creates threads: output, exits and signals are
-// multiplexed in one poll() loop.
+// --standby: after each start() that leaves restarts, one more process per local rank is started
+// and parked in tandem::run_main (TANDEM_STANDBY_FD); the next start() hands each its worker
+// environment instead of forking, so a restart costs no process start or library loading.
+//
+// Not thread-safe; one thread drives it, and it must be the main thread: PR_SET_PDEATHSIG fires
+// when the forking *thread* exits. It never creates threads: output, exits and signals are
+// multiplexed in one poll() loop. Other threads in the process (the multi-node rendezvous store)
+// are harmless: the child makes only async-signal-safe calls between fork() and execve().
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +29,7 @@
 
 #include "fd_io.h"
 #include "launcher_options.h"
+#include "log_files.h"
 #include "output_pump.h"
 #include "signal_relay.h"
 #include "worker_status.h"
@@ -51,7 +58,8 @@ struct Worker {
 };
 
 struct MonitorResult {
-  enum class Outcome { kSucceeded, kWorkerFailed, kInterrupted };
+  // kExternal: the monitor hook (set_monitor_hook) asked to stop; the workers are left running.
+  enum class Outcome { kSucceeded, kWorkerFailed, kInterrupted, kExternal };
   Outcome outcome = Outcome::kSucceeded;
   int failed_local_rank = -1;  // kWorkerFailed: the first worker seen exiting non-zero, killed,
                                // or silent longer than the heartbeat timeout (Worker::hung)
@@ -76,6 +84,22 @@ class WorkerGroup {
 
   // The MASTER_PORT the next start() hands out (--standalone picks a fresh one per restart).
   void set_master_port(int port) { options_.master_port = port; }
+
+  // Multi-node: this node's place in the round the next start() runs in (GROUP_RANK, the number
+  // of nodes, the workers' store address); decided by the rendezvous.
+  void set_layout(int node_rank, int nnodes, const std::string& master_addr, int master_port) {
+    options_.node_rank = node_rank;
+    options_.nnodes = nnodes;
+    options_.master_addr = master_addr;
+    options_.master_port = master_port;
+  }
+
+  // Multi-node: monitor() also calls `hook` about every `interval` (from this thread) and returns
+  // kExternal when it says true (another node failed, a node was lost). Empty: no hook.
+  void set_monitor_hook(std::function<bool()> hook, std::chrono::milliseconds interval) {
+    hook_ = std::move(hook);
+    hook_interval_ = interval;
+  }
 
   // Forwards output until the run is decided: every worker exited 0 (kSucceeded), one exited
   // non-zero or was killed (kWorkerFailed; the others are left running for stop()), or tandemrun
@@ -104,7 +128,29 @@ class WorkerGroup {
   int received_stop_signal() const { return received_stop_signal_; }
 
  private:
+  // A started program: its pid and the read ends of its stdout/stderr pipes.
+  struct Launched {
+    pid_t pid = -1;
+    UniqueFd out, err;
+  };
+  // A process started ahead of the next attempt (--standby): it has exec'd the program and waits
+  // in tandem::run_main for its environment on `control`.
+  struct Standby {
+    Launched process;
+    UniqueFd control;  // our end of a socket pair; closing it unused tells the process to exit
+  };
+
   void spawn(int local_rank, int restart_count);
+  // fork + exec of the program with `env`; `keep_fd` (>= 0) stays open across exec. Returns once
+  // the exec succeeded; throws Error naming `who` and the failing step otherwise.
+  Launched launch(std::vector<std::string>& env, int keep_fd, const std::string& who);
+  // Starts one standby per local rank for the attempt after `restart_count` (--standby).
+  void start_standby(int restart_count);
+  // Hands `env` to local rank's standby; its process if that worked, nullopt (the standby is
+  // discarded) when there is none or it died before it was needed.
+  std::optional<Launched> activate_standby(int local_rank, std::vector<std::string>& env);
+  // SIGKILLs and reaps every unused standby.
+  void discard_standby();
   // One pass of the event loop: waits (at most until `deadline`) for output or a signal, pumps
   // output, records stop signals and worker exits.
   void pump_once(std::optional<std::chrono::steady_clock::time_point> deadline);
@@ -125,6 +171,14 @@ class WorkerGroup {
   int failures_seen_ = 0;
   int received_stop_signal_ = 0;
   std::string state_dir_;  // private directory for error and heartbeat files
+  // --log-dir/--redirects/--tee: per-attempt log files and error files (log_files.h).
+  StdSpec redirects_;
+  StdSpec tee_;
+  std::optional<RunLogDir> log_dir_;
+  std::vector<Standby> standby_;  // by local rank; empty without --standby
+  int activated_ = 0;              // workers of the current start() taken over from standbys
+  std::function<bool()> hook_;
+  std::chrono::milliseconds hook_interval_{100};
 };
 
 }  // namespace tandem::launcher

@@ -129,6 +129,22 @@ TEST_F(FaultTest, SigkilledWorkerRestartsAndEndsBitIdentical) {
   EXPECT_EQ(params("kill"), want) << "resumed run differs from the uninterrupted one";
 }
 
+// --standby: the restart hands the workers' environment to processes started ahead (parked in
+// tandem::run_main) instead of starting new ones; the result is the same, bit for bit.
+TEST_F(FaultTest, SigkilledWorkerWithStandbyRestartsFromStandbyAndEndsBitIdentical) {
+  const std::string want = reference();
+  const RunResult r = run("standby", {"--max-restarts", "2", "--standby"},
+                          {"FAULT_RANK=1", "FAULT_STEP=7", "FAULT_KIND=kill"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  expect_restarted_once_and_resumed(r);
+  EXPECT_NE(r.err.find("restart 1: 2 of 2 workers taken over from standby processes"),
+            std::string::npos)
+      << r.err;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(restart 1 resumed at step [36]\n)"))) << r.out;
+  EXPECT_EQ(params("standby"), want) << "resumed run differs from the uninterrupted one";
+}
+
 // The control for the equality checks: a resume that loses state (here the optimizer's momentum)
 // must be caught by them.
 TEST_F(FaultTest, ResumeThatLosesTheMomentumIsNotBitIdentical) {

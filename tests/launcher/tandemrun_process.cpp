@@ -26,7 +26,7 @@ bool drop_from_env(const std::string& entry) {
   static const char* const kDropped[] = {
       "OMP_NUM_THREADS=",  "RANK=",        "LOCAL_RANK=",  "WORLD_SIZE=",
       "LOCAL_WORLD_SIZE=", "MASTER_ADDR=", "MASTER_PORT=", "PET_",
-      "TORCHELASTIC_",     "GROUP_RANK=",  "ROLE_"};
+      "TORCHELASTIC_",     "GROUP_RANK=",  "ROLE_",        "SLURM_"};
   for (const char* prefix : kDropped) {
     if (entry.rfind(prefix, 0) == 0) return true;
   }
