@@ -10,9 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -127,6 +129,29 @@ TEST_F(FaultTest, SigkilledWorkerRestartsAndEndsBitIdentical) {
   // of step 6 was still in flight, step 3).
   EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(restart 1 resumed at step [36]\n)"))) << r.out;
   EXPECT_EQ(params("kill"), want) << "resumed run differs from the uninterrupted one";
+}
+
+// The issue's "random worker at a random step": drawn per run (FAULT_TEST_SEED=<n> replays one);
+// the seed is in the test's output. Steps before the first checkpoint resume from scratch.
+TEST_F(FaultTest, SigkilledRandomWorkerAtRandomStepEndsBitIdentical) {
+  const char* replay = std::getenv("FAULT_TEST_SEED");
+  const unsigned seed = replay != nullptr ? static_cast<unsigned>(std::strtoul(replay, nullptr, 10))
+                                          : std::random_device{}();
+  std::mt19937 rng(seed);
+  const int rank = static_cast<int>(rng() % 2);
+  const int step = 1 + static_cast<int>(rng() % (kSteps - 1));
+  RecordProperty("seed", std::to_string(seed));
+  SCOPED_TRACE("FAULT_TEST_SEED=" + std::to_string(seed) + ": rank " + std::to_string(rank) +
+               " killed at step " + std::to_string(step));
+  std::printf("FAULT_TEST_SEED=%u: SIGKILL rank %d at step %d\n", seed, rank, step);
+  const std::string want = reference();
+  const RunResult r = run("random", {"--max-restarts", "2"},
+                          {"FAULT_RANK=" + std::to_string(rank), "FAULT_STEP=" + std::to_string(step),
+                           "FAULT_KIND=kill"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  expect_restarted_once_and_resumed(r);
+  EXPECT_EQ(params("random"), want) << "resumed run differs from the uninterrupted one";
 }
 
 // --standby: the restart hands the workers' environment to processes started ahead (parked in
