@@ -1,16 +1,19 @@
 // train_pipeline: pipeline-parallel training of an MLP split into stages, one per rank.
 //
-//   tandemrun --standalone --nproc-per-node 2 build/bin/train_pipeline --schedule zbh1
+//   tandemrun --standalone --nproc-per-node 2 build/bin/train_pipeline --config examples/configs/train_pipeline.yaml
+//   ... build/bin/train_pipeline --set pipeline.schedule=gpipe --set pipeline.num_microbatches=4
 //
 // The model is a torch::nn::Sequential; tandem::PipelineParallel keeps each rank's stage, cuts
-// every batch into --microbatches and runs the chosen schedule (gpipe, 1f1b, interleaved, zbh1, or
-// a schedule file with --schedule-file). The last stage's rank prints the loss; at the end rank 0
-// writes the schedule picture of the last step with measured durations (SVG) and a Chrome trace,
+// every batch into pipeline.num_microbatches and runs the config's pipeline.schedule (gpipe, 1f1b,
+// interleaved with pipeline.virtual_stages, zbh1), or a schedule file with --schedule-file;
+// train.steps, batch_size, lr and seed come from the config too. The last stage's rank prints
+// the loss; at the end rank 0 writes the schedule picture of the last step with measured durations (SVG) and a Chrome trace,
 // and prints the measured bubble next to the bubble simulated from the measured per-stage costs.
 // With a world larger than --stages, ranks form pipeline x data-parallel groups (2D).
-#include <tandem/runtime/init.h>
+#include <tandem/runtime/context.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <tandem/runtime/pipeline_simulate.h>
+#include <tandem/runtime/run_main.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
@@ -18,36 +21,30 @@
 #include <cstdio>
 
 int main(int argc, char** argv) {
-  CLI::App app("tandem example: pipeline-parallel MLP training (start with tandemrun)");
-  std::string schedule = "1f1b", schedule_file, svg = "pipeline_schedule.svg",
-              trace = "pipeline_trace.json";
-  int64_t steps = 200, batch = 64, hidden = 256, layers = 3, log_every = 20;
-  int microbatches = 8, virtual_stages = 1, stages = 2;
-  double lr = 0.05;
-  uint64_t seed = 1234;
-  app.add_option("--schedule", schedule, "gpipe, 1f1b, interleaved or zbh1");
-  app.add_option("--schedule-file", schedule_file, "a schedule in tandem's text format (wins)");
-  app.add_option("--microbatches", microbatches, "microbatches per step")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--virtual-stages", virtual_stages, "stages per rank (interleaved)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--stages", stages, "pipeline ranks (the rest of the world is data parallel)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--steps", steps, "training steps")->check(CLI::PositiveNumber);
-  app.add_option("--batch", batch, "samples per step per pipeline")->check(CLI::PositiveNumber);
-  app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
-  app.add_option("--layers", layers, "hidden Linear+ReLU blocks")->check(CLI::PositiveNumber);
-  app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--log-every", log_every, "loss line every N steps")->check(CLI::PositiveNumber);
-  app.add_option("--seed", seed, "seed of model init and data");
-  app.add_option("--svg", svg, "where rank 0 writes the schedule picture of the last step");
-  app.add_option("--trace", trace, "where rank 0 writes the Chrome trace of the last step");
-  CLI11_PARSE(app, argc, argv);
-
-  try {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach tandemrun even if killed later
+  return tandem::run_main(argc, argv, [](tandem::Context& ctx) {
+    CLI::App app("tandem example: pipeline-parallel MLP training (start with tandemrun)");
+    std::string schedule_file, svg = "pipeline_schedule.svg", trace = "pipeline_trace.json";
+    int64_t hidden = 256, layers = 3, log_every = 20;
+    int stages = 2;
+    app.add_option("--schedule-file", schedule_file, "a schedule in tandem's text format (wins)");
+    app.add_option("--stages", stages, "pipeline ranks (the rest of the world is data parallel)")
+        ->check(CLI::PositiveNumber);
+    app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
+    app.add_option("--layers", layers, "hidden Linear+ReLU blocks")->check(CLI::PositiveNumber);
+    app.add_option("--log-every", log_every, "loss line every N steps")->check(CLI::PositiveNumber);
+    app.add_option("--svg", svg, "where rank 0 writes the schedule picture of the last step");
+    app.add_option("--trace", trace, "where rank 0 writes the Chrome trace of the last step");
+    try {
+      app.parse(ctx.argc(), ctx.argv());
+    } catch (const CLI::ParseError& e) {
+      return app.exit(e);
+    }
+    const auto& train = ctx.config().train;
+    const int64_t steps = train.steps, batch = train.batch_size;
+    const uint64_t seed = train.seed;
     at::set_num_threads(1);
-    auto dist = tandem::init();
-    auto groups = tandem::make_pipeline_groups(*dist.world, stages);
+    auto groups = tandem::make_pipeline_groups(*ctx.world(), stages);
     const int dp_rank = groups.data ? groups.data->rank() : 0;
     const int dp_size = groups.data ? groups.data->size() : 1;
 
@@ -73,15 +70,12 @@ int main(int argc, char** argv) {
       targets = torch::tanh(teacher(inputs));
     }
 
-    tandem::PipelineOptions options;
-    options.schedule = schedule;
-    options.num_microbatches = microbatches;
-    options.virtual_stages = virtual_stages;
+    tandem::PipelineOptions options = ctx.config().pipeline;  // schedule, microbatches, ...
     if (!schedule_file.empty())
       options.custom_schedule = tandem::pipeline::read_schedule_file(schedule_file);
     tandem::PipelineParallel pipe(model, groups.pipeline, options, groups.data);
     model = nullptr;  // only this rank's stage stays alive
-    torch::optim::SGD opt(pipe.parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
+    torch::optim::SGD opt(pipe.parameters(), torch::optim::SGDOptions(train.lr).momentum(0.9));
     const bool last = pipe.local_stages().back() == pipe.schedule().num_stages - 1;
     const bool reporter = last && dp_rank == 0;
 
@@ -119,7 +113,7 @@ int main(int argc, char** argv) {
                   static_cast<long long>(steps), total, 1e3 * total / steps, first_loss,
                   loss_value);
     }
-    if (dist.world->rank() == 0) {
+    if (ctx.rank() == 0) {
       tandem::pipeline::write_text_file(
           svg, tandem::pipeline::to_svg(pipe.schedule(), timeline,
                                         pipe.schedule().name + " (measured)"));
@@ -134,8 +128,5 @@ int main(int argc, char** argv) {
           measured, simulated.mean_bubble);
     }
     return 0;
-  } catch (const tandem::Error& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one example as a user would (tandemrun, 2 workers, in a fresh directory) and checks what it
 # claims to demonstrate. Used by ctest (tests/examples/CMakeLists.txt).
-#   check_example.sh TANDEMRUN EXAMPLE_BINARY lm|compressed|fault_tolerant
+#   check_example.sh TANDEMRUN EXAMPLE_BINARY lm|compressed|fault_tolerant|pipeline
 set -euo pipefail
 tandemrun="$1" binary="$2" kind="$3"
 configs="$(cd "$(dirname "$0")/../../examples/configs" && pwd)"
@@ -38,6 +38,13 @@ case "$kind" in
     a="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$clean")"
     b="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$crashed")"
     [ -n "$a" ] && [ "$a" = "$b" ] || fail "checksums differ: '$a' (uninterrupted) vs '$b' (resumed)"
+    ;;
+  pipeline)
+    out="$(run "$binary" --config "$configs/train_pipeline.yaml" --set train.steps=20 \
+           --set pipeline.num_microbatches=4)"; echo "$out"
+    grep -q "schedule zbh1: 2 stages, 4 microbatches" <<<"$out" || fail "config did not choose the schedule"
+    grep -q "measured bubble" <<<"$out" || fail "no measured bubble"
+    [ -s pipeline_schedule.svg ] || fail "no schedule picture pipeline_schedule.svg"
     ;;
   *) fail "unknown kind" ;;
 esac
