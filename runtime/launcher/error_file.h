@@ -19,7 +19,8 @@ struct WorkerError {
   long long timestamp = 0;
 };
 
-// Parses the text of an error file. Returns nullopt when it is not valid JSON or has no message.
+// Parses the text of an error file with the project's strict JSON reader (checkpoint/json.h).
+// Returns nullopt when it is not valid JSON or has no message.
 std::optional<WorkerError> parse_error_file(const std::string& text);
 
 // Reads and parses `path`; nullopt when the file is missing, unreadable (more than 1 MiB is
