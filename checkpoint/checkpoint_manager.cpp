@@ -1,12 +1,14 @@
 // CheckpointManager: registration, staging, the async writer and the two-phase commit across
 // ranks (resume is in checkpoint_resume.cpp; see include/tandem/checkpoint/checkpoint_manager.h).
 #include <tandem/checkpoint/checkpoint_manager.h>
-#include <tandem/checkpoint/step_directory.h>
-#include <tandem/collectives/communicator.h>
-#include <tandem/runtime/trace.h>
 
-#include "checkpoint_manager_impl.h"
-#include "training_state.h"
+#include <tandem/base/trace.h>
+#include <tandem/collectives/communicator.h>
+
+#include "checkpoint/step_directory.h"
+
+#include "checkpoint/checkpoint_manager_impl.h"
+#include "checkpoint/training_state.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -28,9 +30,9 @@
 
 namespace tandem {
 
-using namespace ckpt_detail;
+using namespace detail;
 
-namespace ckpt_detail {
+namespace detail {
 
 at::Tensor host_buffer(at::IntArrayRef shape, at::ScalarType dtype) {
   int64_t numel = 1;
@@ -50,7 +52,7 @@ at::Tensor host_buffer(at::IntArrayRef shape, at::ScalarType dtype) {
   return at::from_blob(p, shape, [](void* q) { std::free(q); }, at::TensorOptions().dtype(dtype));
 }
 
-}  // namespace ckpt_detail
+}  // namespace detail
 
 void CheckpointManager::Impl::warn(const std::string& msg) const {
   if (opts.on_warning) {
@@ -410,10 +412,6 @@ void CheckpointManager::add_optimizer(const std::string& name, torch::optim::Opt
 
 void CheckpointManager::add_rng(const std::string& name, at::Generator generator, Sharding sharding) {
   add(name, detail::generator_state(std::move(generator)), sharding);
-}
-
-void CheckpointManager::add_codec(const std::string& name, GradCodec& codec, Sharding sharding) {
-  add(name, detail::codec_state(codec), sharding);
 }
 
 void CheckpointManager::add_tensors(const std::string& name,

@@ -3,8 +3,9 @@
 #pragma once
 
 #include <tandem/checkpoint/checkpoint_manager.h>
-#include <tandem/checkpoint/step_directory.h>
 #include <tandem/collectives/communicator.h>
+
+#include "checkpoint/step_directory.h"
 
 #include <chrono>
 #include <condition_variable>
@@ -17,7 +18,7 @@
 #include <vector>
 
 namespace tandem {
-namespace ckpt_detail {
+namespace detail {
 
 using Clock = std::chrono::steady_clock;
 
@@ -62,14 +63,13 @@ struct Candidate {
   std::map<std::string, StateDict> states;
 };
 
-
-}  // namespace ckpt_detail
+}  // namespace detail
 
 struct CheckpointManager::Impl {
-  using Clock = ckpt_detail::Clock;
-  using Entry = ckpt_detail::Entry;
-  using Job = ckpt_detail::Job;
-  using Candidate = ckpt_detail::Candidate;
+  using Clock = detail::Clock;
+  using Entry = detail::Entry;
+  using Job = detail::Job;
+  using Candidate = detail::Candidate;
 
   CheckpointManagerOptions opts;
   std::shared_ptr<FileSystem> fs;

@@ -1,6 +1,6 @@
 // CheckpointManager::resume(): every rank verifies its candidates, the ranks agree on the newest
 // step valid everywhere, then all apply it (see include/tandem/checkpoint/checkpoint_manager.h).
-#include "checkpoint_manager_impl.h"
+#include "checkpoint/checkpoint_manager_impl.h"
 
 #include <ATen/ops/empty.h>
 
@@ -11,7 +11,7 @@
 
 namespace tandem {
 
-using namespace ckpt_detail;
+using namespace detail;
 
 CheckpointManager::Impl::Candidate CheckpointManager::Impl::evaluate(int64_t step) {
   Candidate c;

@@ -1,8 +1,10 @@
 // Checkpoint format: shard headers, manifest, XXH3 (see include/tandem/checkpoint/format.h).
 // No torch headers.
 #include <tandem/checkpoint/format.h>
-#include <tandem/checkpoint/json.h>
-#include <tandem/errors.h>
+
+#include <tandem/base/errors.h>
+
+#include "base/json.h"
 
 #include <xxhash.h>
 

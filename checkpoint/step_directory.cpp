@@ -1,5 +1,5 @@
 // The per-step commit protocol (see include/tandem/checkpoint/step_directory.h). No torch headers.
-#include <tandem/checkpoint/step_directory.h>
+#include "checkpoint/step_directory.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,8 +1,7 @@
-// Built-in Checkpointable adapters: modules, optimizers, generators, codecs, callbacks.
-#include "training_state.h"
+// Built-in Checkpointable adapters: modules, optimizers, generators, callbacks.
+#include "checkpoint/training_state.h"
 
-#include <tandem/collectives/grad_codec.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
@@ -163,7 +162,7 @@ at::Tensor opt_tensor(const StateDict& d, const std::string& key) {
 }
 
 // One optimizer type: how its per-parameter state and per-group options map to names.
-struct OptimizerCodec {
+struct OptimizerLayout {
   std::string kind;
   std::vector<std::string> tensor_fields;  // per parameter, optional ones may be undefined
   // Per-parameter state <-> fields.
@@ -178,8 +177,8 @@ void put(StateDict* d, const std::string& key, const at::Tensor& t) {
 }
 
 template <typename Options, typename State>
-OptimizerCodec adam_like(const std::string& kind) {
-  OptimizerCodec c;
+OptimizerLayout adam_like_layout(const std::string& kind) {
+  OptimizerLayout c;
   c.kind = kind;
   c.tensor_fields = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
   c.save_state = [](const torch::optim::OptimizerParamState& base, const std::string& p, StateDict* d) {
@@ -217,9 +216,9 @@ OptimizerCodec adam_like(const std::string& kind) {
   return c;
 }
 
-OptimizerCodec sgd_codec() {
+OptimizerLayout sgd_layout() {
   using namespace torch::optim;
-  OptimizerCodec c;
+  OptimizerLayout c;
   c.kind = "optimizer:sgd";
   c.tensor_fields = {"momentum_buffer"};
   c.save_state = [](const OptimizerParamState& base, const std::string& p, StateDict* d) {
@@ -249,9 +248,9 @@ OptimizerCodec sgd_codec() {
   return c;
 }
 
-OptimizerCodec adagrad_codec() {
+OptimizerLayout adagrad_layout() {
   using namespace torch::optim;
-  OptimizerCodec c;
+  OptimizerLayout c;
   c.kind = "optimizer:adagrad";
   c.tensor_fields = {"sum"};
   c.save_state = [](const OptimizerParamState& base, const std::string& p, StateDict* d) {
@@ -284,9 +283,9 @@ OptimizerCodec adagrad_codec() {
   return c;
 }
 
-OptimizerCodec rmsprop_codec() {
+OptimizerLayout rmsprop_layout() {
   using namespace torch::optim;
-  OptimizerCodec c;
+  OptimizerLayout c;
   c.kind = "optimizer:rmsprop";
   c.tensor_fields = {"square_avg", "momentum_buffer", "grad_avg"};
   c.save_state = [](const OptimizerParamState& base, const std::string& p, StateDict* d) {
@@ -327,7 +326,8 @@ OptimizerCodec rmsprop_codec() {
 
 class OptimizerState final : public Checkpointable {
  public:
-  OptimizerState(torch::optim::Optimizer& opt, OptimizerCodec codec) : opt_(opt), codec_(std::move(codec)) {}
+  OptimizerState(torch::optim::Optimizer& opt, OptimizerLayout codec)
+      : opt_(opt), codec_(std::move(codec)) {}
   std::string kind() const override { return codec_.kind; }
 
   StateDict state_dict() override {
@@ -410,7 +410,7 @@ class OptimizerState final : public Checkpointable {
 
  private:
   torch::optim::Optimizer& opt_;
-  OptimizerCodec codec_;
+  OptimizerLayout codec_;
 };
 
 // ---- generators ----------------------------------------------------------------------------
@@ -435,37 +435,7 @@ class GeneratorState final : public Checkpointable {
   at::Generator gen_;
 };
 
-// ---- codecs and callbacks ------------------------------------------------------------------
-
-class CodecState final : public Checkpointable {
- public:
-  explicit CodecState(GradCodec& c) : codec_(c) {}
-  std::string kind() const override { return "codec:" + codec_.name(); }
-  StateDict state_dict() override {
-    StateDict d;
-    for (const auto& [k, t] : codec_.state()) d.tensors.emplace_back(k, t);
-    return d;
-  }
-  // Codec state is created lazily (on the first step), so only a mismatch of existing tensors is
-  // an error; a fresh codec accepts any state.
-  std::string check(const StateDict& loaded) override {
-    for (const auto& [k, t] : codec_.state()) {
-      const at::Tensor* got = loaded.find_tensor(k);
-      if (got != nullptr && (got->scalar_type() != t.scalar_type() || got->sizes() != t.sizes())) {
-        return "codec tensor \"" + k + "\" is " + describe_tensor(*got) + " in the checkpoint but " +
-               describe_tensor(t) + " here";
-      }
-    }
-    return "";
-  }
-  void load(const StateDict& loaded) override {
-    std::map<std::string, at::Tensor> m(loaded.tensors.begin(), loaded.tensors.end());
-    codec_.load_state(m);
-  }
-
- private:
-  GradCodec& codec_;
-};
+// ---- callbacks ------------------------------------------------------------------
 
 class TensorsState final : public Checkpointable {
  public:
@@ -519,11 +489,18 @@ std::shared_ptr<Checkpointable> optimizer_state(torch::optim::Optimizer& optimiz
                                                 const std::string& name) {
   using namespace torch::optim;
   // Most derived first: AdamW is not an Adam in libtorch, but be explicit anyway.
-  if (dynamic_cast<AdamW*>(&optimizer)) return std::make_shared<OptimizerState>(optimizer, adam_like<AdamWOptions, AdamWParamState>("optimizer:adamw"));
-  if (dynamic_cast<Adam*>(&optimizer)) return std::make_shared<OptimizerState>(optimizer, adam_like<AdamOptions, AdamParamState>("optimizer:adam"));
-  if (dynamic_cast<SGD*>(&optimizer)) return std::make_shared<OptimizerState>(optimizer, sgd_codec());
-  if (dynamic_cast<Adagrad*>(&optimizer)) return std::make_shared<OptimizerState>(optimizer, adagrad_codec());
-  if (dynamic_cast<RMSprop*>(&optimizer)) return std::make_shared<OptimizerState>(optimizer, rmsprop_codec());
+  if (dynamic_cast<AdamW*>(&optimizer))
+    return std::make_shared<OptimizerState>(
+        optimizer, adam_like_layout<AdamWOptions, AdamWParamState>("optimizer:adamw"));
+  if (dynamic_cast<Adam*>(&optimizer))
+    return std::make_shared<OptimizerState>(
+        optimizer, adam_like_layout<AdamOptions, AdamParamState>("optimizer:adam"));
+  if (dynamic_cast<SGD*>(&optimizer))
+    return std::make_shared<OptimizerState>(optimizer, sgd_layout());
+  if (dynamic_cast<Adagrad*>(&optimizer))
+    return std::make_shared<OptimizerState>(optimizer, adagrad_layout());
+  if (dynamic_cast<RMSprop*>(&optimizer))
+    return std::make_shared<OptimizerState>(optimizer, rmsprop_layout());
   throw CheckpointError("tandem: checkpoint: optimizer \"" + name + "\" is a " +
                         c10::demangle(typeid(optimizer).name()) +
                         ", whose state tandem cannot save; supported: torch::optim::SGD, Adam, "
@@ -535,8 +512,6 @@ std::shared_ptr<Checkpointable> generator_state(at::Generator generator) {
   if (!generator.defined()) generator = at::detail::getDefaultCPUGenerator();
   return std::make_shared<GeneratorState>(std::move(generator));
 }
-
-std::shared_ptr<Checkpointable> codec_state(GradCodec& codec) { return std::make_shared<CodecState>(codec); }
 
 std::shared_ptr<Checkpointable> tensors_state(
     std::function<std::map<std::string, at::Tensor>()> get,

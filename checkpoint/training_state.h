@@ -1,5 +1,5 @@
 // Built-in Checkpointable adapters (internal to libtandem): modules, optimizers, generators,
-// codecs, tensor and value callbacks.
+// tensor and value callbacks.
 #pragma once
 
 #include <tandem/checkpoint/checkpoint_manager.h>
@@ -15,7 +15,6 @@ std::shared_ptr<Checkpointable> module_state(torch::nn::Module& module);
 std::shared_ptr<Checkpointable> optimizer_state(torch::optim::Optimizer& optimizer,
                                                 const std::string& name);
 std::shared_ptr<Checkpointable> generator_state(at::Generator generator);
-std::shared_ptr<Checkpointable> codec_state(GradCodec& codec);
 std::shared_ptr<Checkpointable> tensors_state(
     std::function<std::map<std::string, at::Tensor>()> get,
     std::function<void(const std::map<std::string, at::Tensor>&)> set);

@@ -1,6 +1,6 @@
-#include "async_work.h"
+#include "collectives/async_work.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <cstdio>
 

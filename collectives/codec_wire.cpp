@@ -1,4 +1,4 @@
-#include "codec_wire.h"
+#include "collectives/codec_wire.h"
 
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>

@@ -1,6 +1,6 @@
 #include <tandem/collectives/communicator.h>
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 namespace tandem {
 

@@ -1,12 +1,12 @@
-#include "gloo_communicator.h"
+#include "collectives/gloo_communicator.h"
 
-#include "gloo_store_adapter.h"
-#include "reduce_kernels.h"
-#include "shm_allreduce.h"
-#include "tensor_checks.h"
+#include "collectives/gloo_store_adapter.h"
+#include "collectives/reduce_kernels.h"
+#include "collectives/shm_allreduce.h"
+#include "collectives/tensor_checks.h"
 
-#include <tandem/runtime/trace.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>

@@ -1,7 +1,7 @@
 // Internal: the Gloo implementation behind connect_gloo().
 #pragma once
 
-#include "async_work.h"
+#include "collectives/async_work.h"
 
 #include <tandem/collectives/gloo_communicator.h>
 

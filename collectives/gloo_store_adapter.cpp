@@ -1,6 +1,6 @@
-#include "gloo_store_adapter.h"
+#include "collectives/gloo_store_adapter.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <cctype>
 

@@ -1,9 +1,9 @@
 #include <tandem/collectives/grad_codec.h>
 
-#include <tandem/errors.h>
-#include <tandem/runtime/trace.h>
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
 
-#include "codec_wire.h"
+#include "collectives/codec_wire.h"
 
 namespace tandem {
 
@@ -14,9 +14,10 @@ WorkPtr GradCodec::reduce(Communicator& comm, GradBucket& bucket) {
   if (!wire_) {
     wire_ = std::make_shared<CountingCommunicator>(comm);
   } else if (&wire_->inner() != &comm) {
-    throw ConfigError("tandem: gradient codec '" + name() +
-                      "' was used with a second communicator; its state (residuals, factors) "
-                      "belongs to one group of ranks. Create one codec per DataParallel.");
+    throw ConfigError(
+        "tandem: gradient codec '" + name() +
+        "' was used with a second communicator; its state (residuals, factors) "
+        "belongs to one group of ranks. Create one codec per DistributedDataParallel.");
   }
   if (bucket.index == 0) {  // bucket 0 opens every synchronised step
     wire_->start_step();

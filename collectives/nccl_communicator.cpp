@@ -2,10 +2,10 @@
 // (tests labelled `gpu`).
 #include <tandem/collectives/nccl_communicator.h>
 
-#include "async_work.h"
-#include "tensor_checks.h"
+#include "collectives/async_work.h"
+#include "collectives/tensor_checks.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 

@@ -1,6 +1,6 @@
-#include "reduce_kernels.h"
+#include "collectives/reduce_kernels.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

@@ -1,11 +1,11 @@
-#include "shm_allreduce.h"
+#include "collectives/shm_allreduce.h"
 
-#include "async_work.h"
-#include "gloo_store_adapter.h"
-#include "reduce_kernels.h"
-#include "tensor_checks.h"
+#include "collectives/async_work.h"
+#include "collectives/gloo_store_adapter.h"
+#include "collectives/reduce_kernels.h"
+#include "collectives/tensor_checks.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -27,7 +27,7 @@
 
 namespace tandem {
 
-namespace shm_detail {
+namespace detail {
 
 constexpr uint64_t kMagic = 0x6d68732d6d646e74ULL;  // "tndm-shm"
 constexpr uint32_t kVersion = 1;
@@ -75,9 +75,9 @@ constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; 
 constexpr size_t kRanksOffset = round_up(sizeof(Header), 128);
 size_t data_offset(int size) { return round_up(kRanksOffset + size * sizeof(RankBlock), 4096); }
 
-}  // namespace shm_detail
+}  // namespace detail
 
-using namespace shm_detail;
+using namespace detail;
 
 namespace {
 

@@ -35,7 +35,7 @@
 // the op timeout.
 #pragma once
 
-#include "shm_segment.h"
+#include "collectives/shm_segment.h"
 
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
@@ -50,10 +50,10 @@
 
 namespace tandem {
 
-namespace shm_detail {
+namespace detail {
 struct Header;
 struct RankBlock;
-}  // namespace shm_detail
+}  // namespace detail
 
 class ShmAllreduce {
  public:
@@ -95,8 +95,8 @@ class ShmAllreduce {
   const size_t slot_bytes_;
   const std::vector<int> world_ranks_;
   const std::chrono::milliseconds timeout_;
-  shm_detail::Header* header_;
-  shm_detail::RankBlock* ranks_;
+  detail::Header* header_;
+  detail::RankBlock* ranks_;
   char* data_;
   uint64_t step_ = 0;  // last step this rank started (same on every rank)
 };

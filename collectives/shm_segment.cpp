@@ -1,6 +1,6 @@
-#include "shm_segment.h"
+#include "collectives/shm_segment.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,8 +1,8 @@
-#include "tensor_checks.h"
+#include "collectives/tensor_checks.h"
 
-#include "async_work.h"
+#include "collectives/async_work.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 namespace tandem {
 

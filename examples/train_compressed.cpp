@@ -14,7 +14,7 @@
 #include <chrono>
 #include <cstdio>
 
-#include "tiny_lm.h"
+#include "examples/tiny_lm.h"
 
 namespace {
 
@@ -34,9 +34,9 @@ Outcome train_once(const std::shared_ptr<tandem::Communicator>& world,
   const tiny_lm::LmConfig lm;
   torch::manual_seed(seed);
   tiny_lm::TinyLm model(lm);
-  tandem::DataParallelOptions options;
+  tandem::DistributedDataParallelOptions options;
   options.codec = codec;
-  tandem::DataParallel ddp(model, world, options);
+  tandem::DistributedDataParallel ddp(model, world, options);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(train.lr));
   Outcome out;
   const auto start = std::chrono::steady_clock::now();

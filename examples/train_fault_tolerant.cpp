@@ -4,12 +4,13 @@
 //       --config examples/configs/train_fault_tolerant.yaml --crash-at-step 70   (one line)
 //
 // Demonstrates tandemrun's restarts and tandem::CheckpointManager: the tiny transformer LM of
-// train_lm is trained with DataParallel; every checkpoint.every_n_steps steps the model, the
-// AdamW state, the RNG and DataParallel's state are checkpointed into checkpoint.directory (atomic, checksummed, written in the background).
-// With --crash-at-step S, rank 1 SIGKILLs itself at step S of the first attempt; tandemrun stops
-// the other worker, starts both again, they resume from the newest valid checkpoint and finish.
-// The final parameter checksum printed at the end is the same, to the bit, as that of a run
-// without --crash-at-step (try it: same seed, same world size, same bits).
+// train_lm is trained with DistributedDataParallel; every checkpoint.every_n_steps steps the model,
+// the AdamW state, the RNG and DistributedDataParallel's state are checkpointed into
+// checkpoint.directory (atomic, checksummed, written in the background). With --crash-at-step S,
+// rank 1 SIGKILLs itself at step S of the first attempt; tandemrun stops the other worker, starts
+// both again, they resume from the newest valid checkpoint and finish. The final parameter checksum
+// printed at the end is the same, to the bit, as that of a run without --crash-at-step (try it:
+// same seed, same world size, same bits).
 #include <signal.h>
 #include <tandem/tandem.h>
 #include <unistd.h>
@@ -19,7 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 
-#include "tiny_lm.h"
+#include "examples/tiny_lm.h"
 
 namespace {
 
@@ -72,13 +73,13 @@ int main(int argc, char** argv) {
     const auto data = tiny_lm::text_tensor(tiny_lm::synthetic_text(1 << 16, seed));
     torch::manual_seed(seed);
     tiny_lm::TinyLm model(lm);
-    tandem::DataParallel ddp(model, ctx.world(), ctx.config().ddp);
+    tandem::DistributedDataParallel ddp(model, ctx.world(), ctx.config().ddp);
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(train.lr));
     tandem::CheckpointManager ckpt(options);
     ckpt.add_module("model", *model);
     ckpt.add_optimizer("optim", opt);
     ckpt.add_rng("rng");
-    ckpt.add_tensors(  // the bucket plan DataParallel learned, per rank
+    ckpt.add_tensors(  // the bucket plan DistributedDataParallel learned, per rank
         "ddp", [&] { return ddp.state(); },
         [&](const std::map<std::string, at::Tensor>& s) { ddp.load_state(s); },
         tandem::Sharding::kSharded);

@@ -1,23 +1,26 @@
 // train_lm: data-parallel training of a small transformer language model on a text file.
 //
-//   tandemrun --standalone --nproc-per-node 2 build/bin/train_lm --config examples/configs/train_lm.yaml
-//   ... build/bin/train_lm --set train.data=book.txt --set train.steps=1000 --set trace.enabled=true
+//   tandemrun --standalone --nproc-per-node 2 build/bin/train_lm --config
+//   examples/configs/train_lm.yaml
+//   ... build/bin/train_lm --set train.data=book.txt --set train.steps=1000 --set
+//   trace.enabled=true
 //
-// Demonstrates tandem::DataParallel on a transformer, driven by tandem's config: everything under
-// train.*, ddp.*, compression.*, metrics.*, trace.* comes from YAML / TANDEM_* / --set (print it
-// all with --print-config, every key with --help-config). Gradients are bucketed and all-reduced
-// while backward runs; rank 0 prints a progress line every metrics.log_every steps (loss,
-// samples/s, ETA, peak memory, overlap), then a greedy sample of what the model learned, and
+// Demonstrates tandem::DistributedDataParallel on a transformer, driven by tandem's config:
+// everything under train.*, ddp.*, compression.*, metrics.*, trace.* comes from YAML / TANDEM_* /
+// --set (print it all with --print-config, every key with --help-config). Gradients are bucketed
+// and all-reduced while backward runs; rank 0 prints a progress line every metrics.log_every steps
+// (loss, samples/s, ETA, peak memory, overlap), then a greedy sample of what the model learned, and
 // saves the trained model (torch::save) to --save. Byte-level tokens, so any text file works;
 // without train.data a synthetic text from a small grammar is used. The model's shape comes from
-// the program's own flags (--context, --dim, --layers, --heads). Same seed and world size: same bits.
+// the program's own flags (--context, --dim, --layers, --heads). Same seed and world size: same
+// bits.
 #include <tandem/tandem.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
 
-#include "tiny_lm.h"
+#include "examples/tiny_lm.h"
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach tandemrun even if killed later
@@ -48,9 +51,10 @@ int main(int argc, char** argv) {
                                                 : tiny_lm::read_text(train.data, 4 * lm.context);
     const auto data = tiny_lm::text_tensor(text);
 
-    torch::manual_seed(train.seed);  // same initial weights everywhere (DataParallel checks)
+    torch::manual_seed(
+        train.seed);  // same initial weights everywhere (DistributedDataParallel checks)
     tiny_lm::TinyLm model(lm);
-    tandem::DataParallel ddp(model, ctx.world(), ctx.config().ddp);
+    tandem::DistributedDataParallel ddp(model, ctx.world(), ctx.config().ddp);
     torch::optim::AdamW opt(model->parameters(),
                             torch::optim::AdamWOptions(train.lr).weight_decay(train.weight_decay));
     if (rank == 0) {

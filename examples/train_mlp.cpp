@@ -3,8 +3,8 @@
 //   tandemrun --standalone --nproc-per-node 2 build/bin/train_mlp --steps 200
 //
 // Each rank draws its own shard of a fixed dataset (targets come from a random "teacher"
-// network), trains a student with tandem::DataParallel and SGD, and rank 0 prints a progress line
-// every --log-every steps and a final summary. Same seed and world size: same bits.
+// network), trains a student with tandem::DistributedDataParallel and SGD, and rank 0 prints a
+// progress line every --log-every steps and a final summary. Same seed and world size: same bits.
 #include <tandem/tandem.h>
 
 #include <CLI/CLI.hpp>
@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
 
     torch::manual_seed(seed + 1);
     Mlp model(32, hidden, 8);
-    tandem::DataParallel ddp(model, dist.world);
+    tandem::DistributedDataParallel ddp(model, dist.world);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
 
     const int64_t per_epoch = inputs.size(0) / batch;

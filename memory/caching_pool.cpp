@@ -1,6 +1,6 @@
 // CachingPool: segments, best-fit blocks, split/merge, release, out-of-memory handling.
 // The per-thread fast path lives in thread_cache.cpp.
-#include "tandem/memory/caching_pool.h"
+#include <tandem/memory/caching_pool.h>
 
 #include <algorithm>
 #include <cinttypes>
@@ -8,9 +8,10 @@
 #include <new>
 #include <sstream>
 
-#include "caching_pool_impl.h"
-#include "tandem/errors.h"
-#include "tandem/memory/snapshot.h"
+#include <tandem/base/errors.h>
+#include <tandem/memory/snapshot.h>
+
+#include "memory/caching_pool_impl.h"
 
 namespace tandem::memory {
 namespace {

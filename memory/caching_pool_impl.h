@@ -13,8 +13,9 @@
 #include <unordered_set>
 #include <vector>
 
-#include "node_arena.h"
-#include "tandem/memory/caching_pool.h"
+#include <tandem/memory/caching_pool.h>
+
+#include "memory/node_arena.h"
 
 namespace tandem::memory {
 

@@ -1,10 +1,14 @@
 // The c10::Allocator adapter that makes a tandem MemoryResource libtorch's CPU allocator.
-#include "tandem/memory/cpu_allocator.h"
+#include <tandem/memory/cpu_allocator.h>
+
+#include <tandem/base/trace.h>
+#include <tandem/memory/memory_stats.h>
 
 #include <c10/core/Allocator.h>
 #include <c10/core/CPUAllocator.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -136,6 +140,22 @@ MemoryResource* installed_cpu_resource() {
   for (auto& a : r.adapters)
     if (a.get() == now) return a->resource();
   return nullptr;
+}
+
+void sample_allocator_counter(std::int64_t min_interval_us) {
+  static std::atomic<std::int64_t> last_sample{0};
+  if (!trace::allocator_events()) return;
+  const std::int64_t now = trace::now_us();
+  std::int64_t last = last_sample.load(std::memory_order_relaxed);
+  if (now - last < min_interval_us) return;
+  if (!last_sample.compare_exchange_strong(last, now)) return;  // another thread samples
+  MemoryResource* resource = installed_cpu_resource();
+  if (resource == nullptr) return;
+  MemoryStats s;
+  resource->collect_stats(s);
+  trace::counter("allocator", trace::Args()
+                                  .add("allocated_bytes", s.allocated_bytes.current)
+                                  .add("reserved_bytes", s.reserved_bytes.current));
 }
 
 }  // namespace tandem::memory

@@ -1,5 +1,5 @@
 // CUDA device and pinned-host backends, and the pluggable-allocator entry points.
-#include "tandem/memory/cuda_backend.h"
+#include <tandem/memory/cuda_backend.h>
 
 #include <cuda_runtime_api.h>
 
@@ -8,9 +8,9 @@
 #include <memory>
 #include <mutex>
 
-#include "tandem/errors.h"
-#include "tandem/memory/caching_pool.h"
-#include "tandem/memory/memory_stats.h"
+#include <tandem/base/errors.h>
+#include <tandem/memory/caching_pool.h>
+#include <tandem/memory/memory_stats.h>
 
 namespace tandem::memory {
 namespace {

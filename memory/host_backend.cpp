@@ -1,5 +1,5 @@
 // HostBackend: posix_memalign for small requests, mmap for large ones.
-#include "tandem/memory/host_backend.h"
+#include <tandem/memory/host_backend.h>
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -8,8 +8,8 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "tandem/errors.h"
-#include "tandem/memory/memory_stats.h"
+#include <tandem/base/errors.h>
+#include <tandem/memory/memory_stats.h>
 
 namespace tandem::memory {
 namespace {

@@ -1,5 +1,5 @@
 // HostMemoryStack: builds the layers bottom-up.
-#include "tandem/memory/host_memory_stack.h"
+#include <tandem/memory/host_memory_stack.h>
 
 namespace tandem::memory {
 

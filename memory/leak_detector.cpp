@@ -1,10 +1,10 @@
 // LeakDetector: steady growth of live bytes per allocation site over a window of steps.
-#include "tandem/memory/leak_detector.h"
+#include <tandem/memory/leak_detector.h>
 
 #include <cstdio>
 #include <sstream>
 
-#include "tandem/memory/memory_stats.h"
+#include <tandem/memory/memory_stats.h>
 
 namespace tandem::memory {
 

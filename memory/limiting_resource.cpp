@@ -1,8 +1,8 @@
 // LimitingResource: a cap on outstanding bytes.
-#include "tandem/memory/limiting_resource.h"
+#include <tandem/memory/limiting_resource.h>
 
-#include "tandem/errors.h"
-#include "tandem/memory/memory_stats.h"
+#include <tandem/base/errors.h>
+#include <tandem/memory/memory_stats.h>
 
 namespace tandem::memory {
 

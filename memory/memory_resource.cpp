@@ -1,7 +1,7 @@
 // Argument checks shared by every MemoryResource.
-#include "tandem/memory/memory_resource.h"
+#include <tandem/memory/memory_resource.h>
 
-#include "tandem/errors.h"
+#include <tandem/base/errors.h>
 
 namespace tandem::memory {
 

@@ -1,5 +1,5 @@
 // Formatting of MemoryStats.
-#include "tandem/memory/memory_stats.h"
+#include <tandem/memory/memory_stats.h>
 
 #include <cstdio>
 #include <sstream>

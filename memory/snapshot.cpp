@@ -1,11 +1,11 @@
 // Snapshots: collection down a stack and JSON output.
-#include "tandem/memory/snapshot.h"
+#include <tandem/memory/snapshot.h>
 
 #include <cstdio>
 #include <fstream>
 #include <sstream>
 
-#include "tandem/errors.h"
+#include <tandem/base/errors.h>
 
 namespace tandem::memory {
 

@@ -1,5 +1,5 @@
 // backtrace()-based stack capture, dladdr-based symbolisation.
-#include "tandem/memory/stack_trace.h"
+#include <tandem/memory/stack_trace.h>
 
 #include <cxxabi.h>
 #include <dlfcn.h>

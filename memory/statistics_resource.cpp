@@ -1,5 +1,5 @@
 // StatisticsResource: lock-free request counters.
-#include "tandem/memory/statistics_resource.h"
+#include <tandem/memory/statistics_resource.h>
 
 namespace tandem::memory {
 

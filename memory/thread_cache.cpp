@@ -6,7 +6,7 @@
 // the other way round; flushes copy a cache's blocks out and drop its lock before taking mu.
 #include <algorithm>
 
-#include "caching_pool_impl.h"
+#include "memory/caching_pool_impl.h"
 
 namespace tandem::memory {
 namespace {

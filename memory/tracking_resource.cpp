@@ -1,5 +1,5 @@
 // TrackingResource: sharded per-allocation records and an allocation-site table.
-#include "tandem/memory/tracking_resource.h"
+#include <tandem/memory/tracking_resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -7,8 +7,8 @@
 #include <sstream>
 #include <unordered_set>
 
-#include "tandem/memory/memory_stats.h"
-#include "tandem/memory/stack_trace.h"
+#include <tandem/memory/memory_stats.h>
+#include <tandem/memory/stack_trace.h>
 
 namespace tandem::memory {
 

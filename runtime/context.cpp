@@ -1,12 +1,12 @@
 // tandem::Context (include/tandem/runtime/context.h) and the run_main overload that builds it
 // (include/tandem/runtime/run_main.h). Here rather than in run_main.cpp, which stays free of
 // torch headers.
-#include "tandem/runtime/context.h"
+#include <tandem/runtime/context.h>
 
-#include <tandem/config/options_registry.h>
+#include <tandem/base/trace.h>
 #include <tandem/memory/cpu_allocator.h>
+#include <tandem/runtime/config_keys.h>
 #include <tandem/runtime/run_main.h>
-#include <tandem/runtime/trace.h>
 
 #include <cxxabi.h>
 

@@ -1,7 +1,8 @@
 #include <tandem/runtime/dist_env.h>
 
-#include <tandem/errors.h>
-#include <tandem/runtime/slurm.h>
+#include <tandem/base/errors.h>
+
+#include "base/slurm.h"
 
 #include <cerrno>
 #include <cstdlib>

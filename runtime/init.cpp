@@ -1,7 +1,7 @@
 #include <tandem/runtime/init.h>
 
+#include <tandem/base/errors.h>
 #include <tandem/collectives/gloo_communicator.h>
-#include <tandem/errors.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>

@@ -1,11 +1,11 @@
 // ProgressLogger (include/tandem/runtime/metrics.h).
-#include <tandem/collectives/reducer.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
 #include <tandem/memory/cpu_allocator.h>
 #include <tandem/memory/memory_resource.h>
 #include <tandem/memory/memory_stats.h>
 #include <tandem/runtime/metrics.h>
-#include <tandem/runtime/trace.h>
+#include <tandem/runtime/reducer.h>
 
 #include <sys/resource.h>
 
@@ -91,7 +91,7 @@ void ProgressLogger::track_overlap(const Reducer& reducer) {
 }
 
 std::optional<ProgressRecord> ProgressLogger::step(int64_t step, double loss, int64_t samples) {
-  trace::sample_allocator();
+  memory::sample_allocator_counter();
   window_samples_ += samples;
   window_steps_ += 1;
   if (rank_ != 0) return std::nullopt;

@@ -1,5 +1,5 @@
 // tandem::run_main / tandem::heartbeat (include/tandem/runtime/run_main.h).
-#include "tandem/runtime/run_main.h"
+#include <tandem/runtime/run_main.h>
 
 #include <cxxabi.h>
 #include <fcntl.h>

@@ -11,10 +11,10 @@
 // torch::nn::Sequential; input [batch, dim] random, target random; loss MSE; SGD lr 1e-3. One
 // step = forward, loss, backward, optimizer step, zero_grad. One compute thread
 // (at::set_num_threads(1)).
-// Policies (tandem::CheckpointedSequential): none; every = CheckpointPolicy::every(1) (each block
-// its own checkpoint, the last block unchecked); sqrt = CheckpointPolicy::sqrt() (round(√16) = 4
-// runs of 4 blocks, the last run unchecked). These are what torch.utils.checkpoint.
-// checkpoint_sequential(model, 16) and (model, 4) do.
+// Policies (tandem::CheckpointedSequential): none; every = ActivationCheckpointPolicy::every(1)
+// (each block its own checkpoint, the last block unchecked); sqrt =
+// ActivationCheckpointPolicy::sqrt() (round(√16) = 4 runs of 4 blocks, the last run unchecked).
+// These are what torch.utils.checkpoint. checkpoint_sequential(model, 16) and (model, 4) do.
 //
 // --memory tandem (default): tandem's caching allocator (HostMemoryStack with statistics) is
 //   installed as libtorch's CPU allocator before the first tensor. For each timed step: reset the
@@ -29,9 +29,9 @@
 //   block fresh and unmaps it on free; this is how pytorch_checkpoint.py measures Python, so this
 //   mode checks that method against the allocator's figures.
 // step_ms is the median of the timed steps (steady_clock). Prints one line, writes one JSON object.
-#include <tandem/checkpoint/activation.h>
 #include <tandem/memory/cpu_allocator.h>
 #include <tandem/memory/host_memory_stack.h>
+#include <tandem/runtime/activation_checkpoint.h>
 
 #include <ATen/Parallel.h>
 #include <CLI/CLI.hpp>
@@ -134,9 +134,9 @@ int main(int argc, char** argv) {
 
   torch::nn::Sequential seq;
   for (int64_t i = 0; i < blocks; ++i) seq->push_back(Block(dim));
-  tandem::CheckpointPolicy policy = tandem::CheckpointPolicy::none();
-  if (policy_name == "every") policy = tandem::CheckpointPolicy::every(1);
-  if (policy_name == "sqrt") policy = tandem::CheckpointPolicy::sqrt();
+  tandem::ActivationCheckpointPolicy policy = tandem::ActivationCheckpointPolicy::none();
+  if (policy_name == "every") policy = tandem::ActivationCheckpointPolicy::every(1);
+  if (policy_name == "sqrt") policy = tandem::ActivationCheckpointPolicy::sqrt();
   tandem::CheckpointedSequential model(seq, policy);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(1e-3));
   const auto x = torch::randn({batch, dim});

@@ -15,9 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "tandem/memory/cpu_allocator.h"
-
-namespace tmem = tandem::memory;
+#include <tandem/memory/cpu_allocator.h>
 
 struct Mlp : torch::nn::Module {
   Mlp() {
@@ -54,21 +52,22 @@ int main(int argc, char** argv) {
     }
   }
   at::set_num_threads(1);
-  std::shared_ptr<tmem::HostMemoryStack> stack;
+  std::shared_ptr<tandem::memory::HostMemoryStack> stack;
   if (allocator != "default") {
-    tmem::HostMemoryStackOptions o;
+    tandem::memory::HostMemoryStackOptions o;
     if (allocator != "tandem") {
       o.tracking = true;
       o.tracking_options.report_at_exit = false;
-      o.tracking_options.stacks = allocator == "tandem_stacks"    ? tmem::StackCapture::kAll
-                                  : allocator == "tandem_sampled" ? tmem::StackCapture::kSampled
-                                                                  : tmem::StackCapture::kNone;
+      o.tracking_options.stacks = allocator == "tandem_stacks" ? tandem::memory::StackCapture::kAll
+                                  : allocator == "tandem_sampled"
+                                      ? tandem::memory::StackCapture::kSampled
+                                      : tandem::memory::StackCapture::kNone;
       if (allocator != "tandem_tracking" && allocator != "tandem_stacks" && allocator != "tandem_sampled") {
         std::fprintf(stderr, "unknown allocator %s\n", allocator.c_str());
         return 2;
       }
     }
-    stack = tmem::install_host_cpu_allocator(o, 50);
+    stack = tandem::memory::install_host_cpu_allocator(o, 50);
     if (!stack) {
       std::fprintf(stderr, "could not install tandem as CPU allocator\n");
       return 1;

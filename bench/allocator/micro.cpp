@@ -15,10 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "tandem/memory/host_memory_stack.h"
-#include "tandem/memory/stack_trace.h"
-
-namespace tmem = tandem::memory;
+#include <tandem/memory/host_memory_stack.h>
+#include <tandem/memory/stack_trace.h>
 
 namespace {
 
@@ -35,11 +33,11 @@ void bm_malloc(benchmark::State& state) {
   }
 }
 
-tmem::MemoryResource* g_resource = nullptr;
+tandem::memory::MemoryResource* g_resource = nullptr;
 
 void bm_resource(benchmark::State& state) {
   const auto n = static_cast<std::size_t>(state.range(0));
-  tmem::MemoryResource& r = *g_resource;
+  tandem::memory::MemoryResource& r = *g_resource;
   for (auto _ : state) {
     void* p = r.allocate(n);
     benchmark::DoNotOptimize(p);
@@ -54,7 +52,7 @@ __attribute__((noinline)) std::size_t recurse_then_capture(int depth, void** fra
     benchmark::DoNotOptimize(n);
     return n;
   }
-  return tmem::capture_stack(frames, max, 0);
+  return tandem::memory::capture_stack(frames, max, 0);
 }
 
 // Capture `range(0)` frames from a stack at least that deep.
@@ -93,9 +91,9 @@ int main(int argc, char** argv) {
   int rest_argc = static_cast<int>(rest.size());
   benchmark::Initialize(&rest_argc, rest.data());
 
-  tmem::HostMemoryStackOptions options;
+  tandem::memory::HostMemoryStackOptions options;
   options.statistics = allocator == "tandem_stack";
-  tmem::HostMemoryStack stack(options);
+  tandem::memory::HostMemoryStack stack(options);
   if (allocator == "malloc") {
     for (auto n : kSizes) benchmark::RegisterBenchmark("pair", bm_malloc)->Arg(static_cast<int64_t>(n));
   } else if (allocator == "tandem" || allocator == "tandem_stack") {

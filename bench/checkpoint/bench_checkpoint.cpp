@@ -18,7 +18,8 @@
 // and in this process (allocator warm: *_in_process_s).
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/checkpoint/format.h>
-#include <tandem/checkpoint/step_directory.h>
+
+#include "checkpoint/step_directory.h"
 
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>

@@ -1,5 +1,5 @@
-// Data-parallel training step: local (no communication) vs tandem::DataParallel vs the naive
-// per-parameter all-reduce loop. scripts/bench-data-parallel runs it next to PyTorch DDP
+// Data-parallel training step: local (no communication) vs tandem::DistributedDataParallel vs the
+// naive per-parameter all-reduce loop. scripts/bench-data-parallel runs it next to PyTorch DDP
 // (bench/data_parallel/pytorch_ddp.py) and writes bench/results/data_parallel.json.
 //
 // One worker program, started on 2 ranks by the launcher:
@@ -12,14 +12,15 @@
 // loss, backward, SGD step (lr 0.01, no momentum), with at::set_num_threads(1).
 //   local   each rank trains its own replica, no communication (the ranks still run as two
 //           processes so both cores are as busy as in the distributed modes)
-//   tandem  tandem::DataParallel with default options (buckets of 25 MiB, first 1 MiB); the
-//           communicator is tandem::init()'s, with its defaults (--transport tcp: a second
-//           communicator with GlooOptions::shared_memory = false)
+//   tandem  tandem::DistributedDataParallel with default options (buckets of 25 MiB, first
+//           1 MiB); the communicator is tandem::init()'s, with its defaults (--transport tcp: a
+//           second communicator with GlooOptions::shared_memory = false)
 //   naive   after backward, for each parameter: world->allreduce(p.grad(), kAvg)->wait()
-// --codec NAME [--codec-param KEY=VALUE ...] gives DataParallel a gradient codec (make_codec();
-// scripts/bench-compression runs every codec this way) and adds its traffic to the JSON.
-// For the analysis only (not the defaults): --copy-grads sets
-// DataParallelOptions::gradient_as_bucket_view = false, --transport tcp keeps every op on TCP loopback.
+// --codec NAME [--codec-param KEY=VALUE ...] gives DistributedDataParallel a gradient codec
+// (make_codec(); scripts/bench-compression runs every codec this way) and adds its traffic to the
+// JSON. For the analysis only (not the defaults): --copy-grads sets
+// DistributedDataParallelOptions::gradient_as_bucket_view = false, --transport tcp keeps every op
+// on TCP loopback.
 //
 // Every rank times each step (steady_clock); a rank's figure is the median over the timed steps
 // and the reported step time is the larger of the ranks' medians. Rank 0 writes one JSON object.
@@ -112,7 +113,9 @@ std::string json_number(double v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"Data-parallel training step: local vs tandem::DataParallel vs naive all-reduce loop"};
+  CLI::App app{
+      "Data-parallel training step: local vs tandem::DistributedDataParallel vs naive all-reduce "
+      "loop"};
   std::string mode = "tandem", out, transport = "default";
   int64_t batch = 32;
   int steps = 30, warmup = 5;
@@ -126,7 +129,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"default", "tcp"}));
   bool copy_grads = false;
   app.add_flag("--copy-grads", copy_grads,
-               "tandem mode: DataParallelOptions::gradient_as_bucket_view = false (default true)");
+               "tandem mode: DistributedDataParallelOptions::gradient_as_bucket_view = false "
+               "(default true)");
   std::string codec_name = "average";
   std::vector<std::string> codec_params;
   app.add_option("--codec", codec_name, "tandem mode: gradient codec (tandem::make_codec name)");
@@ -158,9 +162,10 @@ int main(int argc, char** argv) {
     const auto x = torch::randn({batch, 1024});
     const auto y = torch::randn({batch, 1024});
 
-    std::unique_ptr<tandem::DataParallel<Mlp>> ddp;
+    std::unique_ptr<tandem::DistributedDataParallel<Mlp>> ddp;
     if (mode == "tandem") {
-      tandem::DataParallelOptions options;  // defaults: 25 MiB buckets, first bucket 1 MiB
+      tandem::DistributedDataParallelOptions
+          options;  // defaults: 25 MiB buckets, first bucket 1 MiB
       if (copy_grads) options.gradient_as_bucket_view = false;
       std::map<std::string, std::string> params;
       for (const auto& kv : codec_params) {
@@ -169,7 +174,7 @@ int main(int argc, char** argv) {
         params[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
       options.codec = tandem::make_codec(codec_name, params);
-      ddp = std::make_unique<tandem::DataParallel<Mlp>>(model, comm, options);
+      ddp = std::make_unique<tandem::DistributedDataParallel<Mlp>>(model, comm, options);
     }
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01));
     const auto params = model->parameters();

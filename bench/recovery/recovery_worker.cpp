@@ -1,7 +1,7 @@
 // The training program of scripts/bench-recovery, run under tandemrun and under torchrun alike.
-// A small real job (tandem::init, DataParallel over an MLP, SGD, CheckpointManager every K steps,
-// resume at start) that prints wall-clock (CLOCK_REALTIME) timestamps, so the script can measure
-// the time from a worker's death to the first step completed after the group restarted:
+// A small real job (tandem::init, DistributedDataParallel over an MLP, SGD, CheckpointManager every
+// K steps, resume at start) that prints wall-clock (CLOCK_REALTIME) timestamps, so the script can
+// measure the time from a worker's death to the first step completed after the group restarted:
 //   "recovery kill t=<s>"                          just before rank R SIGKILLs itself at step S
 //                                                  (restart 0 only)
 //   "recovery start restart <n> t=<s>"             rank 0, on entering main (libraries loaded)
@@ -10,7 +10,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
-#include <tandem/runtime/data_parallel.h>
+#include <tandem/runtime/distributed_data_parallel.h>
 #include <tandem/runtime/init.h>
 #include <tandem/runtime/run_main.h>
 #include <time.h>
@@ -75,7 +75,7 @@ int train(int argc, char** argv) {
   torch::manual_seed(7);
   torch::nn::Sequential model(torch::nn::Linear(64, 256), torch::nn::Tanh(),
                               torch::nn::Linear(256, 8));
-  tandem::DataParallel ddp(model, dist.world, tandem::DataParallelOptions{});
+  tandem::DistributedDataParallel ddp(model, dist.world, tandem::DistributedDataParallelOptions{});
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   tandem::CheckpointManagerOptions ckpt_options;
   ckpt_options.directory = args.ckpt;

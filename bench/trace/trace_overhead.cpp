@@ -3,10 +3,11 @@
 //   build/bin/bench_trace [--events N] [--rounds R] [--json bench/results/trace_overhead.json]
 //
 // For a scoped Span (the common case), disabled and enabled, single thread and 2 threads at once:
-// nanoseconds per span (wall time / spans per thread), median over rounds. A DataParallel step records 3 + 4 x buckets events
-// (forward, backward, reduce wait; per bucket: async begin/end, the collective, codec encode), so
-// per-step overhead ~ events x ns (docs/timeline.md has the measured figures).
-#include <tandem/runtime/trace.h>
+// nanoseconds per span (wall time / spans per thread), median over rounds. A
+// DistributedDataParallel step records 3 + 4 x buckets events (forward, backward, reduce wait; per
+// bucket: async begin/end, the collective, codec encode), so per-step overhead ~ events x ns
+// (docs/timeline.md has the measured figures).
+#include <tandem/base/trace.h>
 
 #include <unistd.h>
 

@@ -1,9 +1,9 @@
 // The cast wrapper: another codec's floating tensors travel in float16 or bfloat16.
 #include <tandem/collectives/compression.h>
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
-#include "../codec_wire.h"
+#include "collectives/codec_wire.h"
 
 namespace tandem {
 

@@ -1,4 +1,4 @@
-#include "codec_kernels.h"
+#include "collectives/codecs/codec_kernels.h"
 
 #include <algorithm>
 #include <array>

@@ -1,7 +1,7 @@
 // make_codec(): codecs by name with string parameters, as configs hold them.
 #include <tandem/collectives/compression.h>
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <cerrno>
 #include <cstdlib>

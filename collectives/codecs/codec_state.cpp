@@ -1,6 +1,6 @@
-#include "codec_state.h"
+#include "collectives/codecs/codec_state.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>

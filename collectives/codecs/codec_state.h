@@ -33,7 +33,7 @@ class ResidualBank {
 };
 
 // The codec's own count of synchronised steps: the reducer's step (which restarts at 0 with a new
-// DataParallel) plus what was loaded from a checkpoint.
+// DistributedDataParallel) plus what was loaded from a checkpoint.
 class CodecStep {
  public:
   // The step `bucket` belongs to; remembers it.

@@ -4,10 +4,10 @@
 // of the average gradient onto span(P). Error feedback keeps M - P Q^T for the next step.
 #include <tandem/collectives/compression.h>
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
-#include "codec_state.h"
-#include "stage_thread.h"
+#include "collectives/codecs/codec_state.h"
+#include "collectives/codecs/stage_thread.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/ops/cat.h>

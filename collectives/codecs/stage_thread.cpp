@@ -1,10 +1,10 @@
-#include "stage_thread.h"
+#include "collectives/codecs/stage_thread.h"
 
-#include "../async_work.h"
-#include "../tensor_checks.h"
+#include "collectives/async_work.h"
+#include "collectives/tensor_checks.h"
 
 #include <c10/core/GradMode.h>
-#include <tandem/runtime/trace.h>
+#include <tandem/base/trace.h>
 
 #include <pthread.h>
 

@@ -4,11 +4,11 @@
 // residual for the next step.
 #include <tandem/collectives/compression.h>
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
-#include "codec_kernels.h"
-#include "codec_state.h"
-#include "stage_thread.h"
+#include "collectives/codecs/codec_kernels.h"
+#include "collectives/codecs/codec_state.h"
+#include "collectives/codecs/stage_thread.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>

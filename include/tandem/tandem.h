@@ -1,24 +1,24 @@
 // Umbrella header: everything a training program needs from tandem.
 #pragma once
 
-#include <tandem/checkpoint/activation.h>
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/compression.h>
 #include <tandem/collectives/gloo_communicator.h>
 #include <tandem/collectives/grad_codec.h>
 #include <tandem/collectives/nccl_communicator.h>
-#include <tandem/collectives/reducer.h>
-#include <tandem/config/config.h>
-#include <tandem/config/options_registry.h>
-#include <tandem/errors.h>
+#include <tandem/runtime/activation_checkpoint.h>
+#include <tandem/runtime/config.h>
+#include <tandem/runtime/config_keys.h>
 #include <tandem/runtime/context.h>
-#include <tandem/runtime/data_parallel.h>
 #include <tandem/runtime/dist_env.h>
+#include <tandem/runtime/distributed_data_parallel.h>
 #include <tandem/runtime/init.h>
 #include <tandem/runtime/metrics.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <tandem/runtime/pipeline_schedule.h>
 #include <tandem/runtime/pipeline_simulate.h>
+#include <tandem/runtime/reducer.h>
 #include <tandem/runtime/run_main.h>
-#include <tandem/runtime/trace.h>

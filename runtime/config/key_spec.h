@@ -2,13 +2,13 @@
 // and the text helpers the loader and printer share.
 #pragma once
 
-#include <tandem/config/options_registry.h>
+#include <tandem/runtime/config_keys.h>
 
 #include <functional>
 #include <string>
 #include <vector>
 
-namespace tandem::config_detail {
+namespace tandem::detail {
 
 // Why a value was refused.
 enum class SetStatus { kOk, kType, kRange, kChoice };
@@ -37,4 +37,4 @@ std::size_t edit_distance(const std::string& a, const std::string& b);
 // The closest of `candidates` to `word` within a distance that still looks like a typo, or "".
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 
-}  // namespace tandem::config_detail
+}  // namespace tandem::detail

@@ -1,6 +1,6 @@
 // load_config and take_config_args (include/tandem/config/config.h): YAML files, TANDEM_*
 // variables and --set overrides merged over the struct defaults, every problem collected.
-#include "key_spec.h"
+#include "runtime/config/key_spec.h"
 
 #include <tandem/runtime/dist_env.h>
 
@@ -17,10 +17,10 @@ extern char** environ;
 namespace tandem {
 namespace {
 
-using config_detail::find_spec;
-using config_detail::KeySpec;
-using config_detail::SetStatus;
-using config_detail::specs;
+using detail::find_spec;
+using detail::KeySpec;
+using detail::SetStatus;
+using detail::specs;
 
 std::string join_issues(const std::vector<ConfigIssue>& issues) {
   std::string out = "tandem: invalid configuration (" + std::to_string(issues.size()) +
@@ -75,7 +75,7 @@ class Merger {
       }
       return;
     }
-    const config_detail::SetResult r = spec->set(config_, text);
+    const detail::SetResult r = spec->set(config_, text);
     const ConfigKeyInfo& k = spec->info;
     switch (r.status) {
       case SetStatus::kOk:
@@ -139,7 +139,7 @@ class Merger {
       } else if (by_alias.count(name) == 0 && looks_like_config(name)) {
         std::vector<std::string> names;
         for (const auto& e : by_env) names.push_back(e.first);
-        const std::string hint = config_detail::closest(name, names);
+        const std::string hint = detail::closest(name, names);
         add(name, "", value,
             "unknown config variable " + name + "='" + value + "'; " +
                 (hint.empty() ? std::string() : "did you mean " + hint + " (" + by_env[hint]->info.key + ")? ") +
@@ -175,7 +175,7 @@ class Merger {
   // TANDEM_<SECTION>_...: the variable is meant as config.
   static bool looks_like_config(const std::string& name) {
     for (const auto& section : config_sections()) {
-      const std::string prefix = config_detail::env_name(section) + "_";
+      const std::string prefix = detail::env_name(section) + "_";
       if (name.compare(0, prefix.size(), prefix) == 0) return true;
     }
     return false;
@@ -271,7 +271,7 @@ std::shared_ptr<GradCodec> Config::make_codec() const {
   std::shared_ptr<GradCodec> codec;
   std::string wire = c.wire;
   if (c.codec == "average") {
-    if (wire == "fp32") return nullptr;  // DataParallel's own average all-reduce
+    if (wire == "fp32") return nullptr;  // DistributedDataParallel's own average all-reduce
     codec = make_average_codec();
   } else if (c.codec == "fp16" || c.codec == "bf16") {
     if (wire != "fp32" && wire != c.codec) {

@@ -1,13 +1,13 @@
 // The registry's public face (include/tandem/config/options_registry.h): key list, suggestions,
 // and the printed forms (effective YAML, defaults as text and as Markdown tables).
-#include "key_spec.h"
+#include "runtime/config/key_spec.h"
 
 #include <algorithm>
 
 namespace tandem {
 namespace {
 
-using config_detail::specs;
+using detail::specs;
 
 std::vector<std::string> split(const std::string& key) {
   std::vector<std::string> parts;
@@ -37,7 +37,7 @@ std::string quoted(const std::string& s) {
 }
 
 // As YAML: strings quoted (so "", "null" or "1" stay strings), everything else plain.
-std::string yaml_value(const config_detail::KeySpec& s, const std::string& v) {
+std::string yaml_value(const detail::KeySpec& s, const std::string& v) {
   return s.info.type == "string" ? quoted(v) : v;
 }
 
@@ -75,7 +75,7 @@ const std::vector<std::string>& config_sections() {
 }
 
 std::string config_value(const Config& config, const std::string& key) {
-  const auto* s = config_detail::find_spec(key);
+  const auto* s = detail::find_spec(key);
   if (s == nullptr) {
     const std::string hint = suggest_config_key(key);
     throw ConfigError("tandem: no config key '" + key + "'" + (hint.empty() ? "" : "; did you mean '" + hint + "'?"));
@@ -93,10 +93,10 @@ std::string suggest_config_key(const std::string& key) {
     if (leaf_of(k) == leaf_of(key)) same_leaf.push_back(k);
   }
   // A typo inside the right section ("ddp.bucket_cap" -> "ddp.bucket_cap_mb").
-  if (const std::string s = config_detail::closest(key, same_section); !s.empty()) return s;
+  if (const std::string s = detail::closest(key, same_section); !s.empty()) return s;
   // The right name in the wrong or a missing section ("bucket_cap_mb" -> "ddp.bucket_cap_mb").
   if (same_leaf.size() == 1) return same_leaf[0];
-  return config_detail::closest(key, all);
+  return detail::closest(key, all);
 }
 
 std::string config_to_yaml(const Config& config, const std::map<std::string, std::string>* sources) {

@@ -1,6 +1,6 @@
 // The key table (include/tandem/config/options_registry.h): one entry per key, with the member it
 // sets. Defaults are read from a default-constructed Config, so they cannot drift from the structs.
-#include "key_spec.h"
+#include "runtime/config/key_spec.h"
 
 #include <algorithm>
 #include <cctype>
@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace tandem::config_detail {
+namespace tandem::detail {
 namespace {
 
 std::string trim(const std::string& s) {
@@ -301,9 +301,10 @@ std::vector<KeySpec> build() {
   k.push_back(boolean("ddp.broadcast_buffers", TANDEM_REF(ddp.broadcast_buffers),
                       "Broadcast rank 0's buffers (e.g. batch-norm statistics) before each forward."));
   // compression
-  k.push_back(string_choice("compression.codec", TANDEM_REF(compression.codec),
-                            {"average", "fp16", "bf16", "powersgd", "topk", "sign"},
-                            "Gradient codec of DataParallel (docs/compression.md says when each pays off)."));
+  k.push_back(string_choice(
+      "compression.codec", TANDEM_REF(compression.codec),
+      {"average", "fp16", "bf16", "powersgd", "topk", "sign"},
+      "Gradient codec of DistributedDataParallel (docs/compression.md says when each pays off)."));
   k.push_back(string_choice("compression.wire", TANDEM_REF(compression.wire), {"fp32", "fp16", "bf16"},
                             "Precision the codec's floating tensors travel in."));
   k.push_back(number("compression.powersgd.rank", TANDEM_REF(compression.powersgd.rank), ge(1),
@@ -509,4 +510,4 @@ std::string closest(const std::string& word, const std::vector<std::string>& can
   return best_d <= limit ? best : "";
 }
 
-}  // namespace tandem::config_detail
+}  // namespace tandem::detail

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <ATen/core/grad_mode.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <torch/nn/modules/linear.h>
 
@@ -21,7 +21,7 @@
 
 namespace tandem {
 
-namespace pipeline_detail {
+namespace detail {
 
 using Clock = std::chrono::steady_clock;
 constexpr int kMaxDims = 8;
@@ -64,9 +64,9 @@ class SendThread {
   std::thread thread_;
 };
 
-}  // namespace pipeline_detail
+}  // namespace detail
 
-using pipeline_detail::Clock;
+using detail::Clock;
 
 struct PipelineParallel::Impl {
   struct Layer {
@@ -111,7 +111,7 @@ struct PipelineParallel::Impl {
   std::vector<int64_t> last_signature;
   bool send_meta = true;
   std::vector<at::Tensor> micro_inputs, micro_targets;
-  std::unique_ptr<pipeline_detail::SendThread> sender;
+  std::unique_ptr<detail::SendThread> sender;
   // Receives posted ahead of their RECV action (same tag, so matching is unchanged): the
   // transport completes them while this rank computes; the RECV action only waits.
   std::map<std::tuple<int, int, int>, std::pair<WorkPtr, at::Tensor>> posted;

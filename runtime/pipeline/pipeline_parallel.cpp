@@ -12,17 +12,17 @@
 #include <limits>
 #include <sstream>
 
-#include "pipeline_impl.h"
+#include "runtime/pipeline/pipeline_impl.h"
 
-#include <tandem/runtime/trace.h>
+#include <tandem/base/trace.h>
 
 namespace tandem {
 
 using pipeline::Action;
 using pipeline::Op;
-using namespace pipeline_detail;
+using namespace detail;
 
-namespace pipeline_detail {
+namespace detail {
 
 double seconds_between(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -123,7 +123,7 @@ void SendThread::drain() {
   for (auto& [work, tensor] : posted) work->wait();
 }
 
-}  // namespace pipeline_detail
+}  // namespace detail
 
 void PipelineParallel::Impl::partition(torch::nn::Sequential& model) {
   const int n = static_cast<int>(model->size());
@@ -207,7 +207,7 @@ PipelineParallel::PipelineParallel(torch::nn::Sequential model,
   I.data = std::move(data);
   I.options = std::move(options);
   I.rank = I.comm->rank();
-  I.sender = std::make_unique<pipeline_detail::SendThread>(I.comm);
+  I.sender = std::make_unique<detail::SendThread>(I.comm);
   const int p = I.comm->size();
   std::string error;
   try {

@@ -6,13 +6,13 @@
 #include <algorithm>
 #include <limits>
 
-#include "pipeline_impl.h"
+#include "runtime/pipeline/pipeline_impl.h"
 
 namespace tandem {
 
 using pipeline::Action;
 using pipeline::Op;
-using namespace pipeline_detail;
+using namespace detail;
 
 std::vector<int64_t> partition_balanced(const std::vector<double>& weights, int parts) {
   const int n = static_cast<int>(weights.size());

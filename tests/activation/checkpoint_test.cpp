@@ -5,10 +5,10 @@
 // torch::autograd::grad through a checkpoint, the misuse errors and the determinism check.
 //
 // torch::manual_seed is process-global: every test seeds before it builds models and draws data.
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
-#include <tandem/checkpoint/activation.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
+#include <tandem/runtime/activation_checkpoint.h>
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
@@ -129,7 +129,12 @@ TEST(ActivationCheckpoint, MlpGradientsBitwiseEqual) {
   auto plain = run_grads(*mlp, x, [&](const at::Tensor& in) { return mlp(in).pow(2).sum(); });
   int calls = 0;
   auto ckpt = run_grads(*mlp, x, [&](const at::Tensor& in) {
-    auto y = checkpoint([&](const at::Tensor& h) { ++calls; return mlp(h); }, in);
+    auto y = activation_checkpoint(
+        [&](const at::Tensor& h) {
+          ++calls;
+          return mlp(h);
+        },
+        in);
     // The output hangs off the checkpoint node, whose edges lead straight to the input and the
     // six parameters: none of fn's activations is referenced.
     EXPECT_EQ(y.grad_fn()->name(), "tandem::CheckpointBackward");
@@ -149,25 +154,28 @@ TEST(ActivationCheckpoint, TransformerBlocksBitwiseEqual) {
   torch::nn::Sequential seq(Block(16, 4, 0.0), Block(16, 4, 0.0), Block(16, 4, 0.0));
   auto x = torch::randn({2, 6, 16});
   auto plain = run_grads(*seq, x, [&](const at::Tensor& in) { return seq->forward(in).pow(2).mean(); });
-  for (auto policy : {CheckpointPolicy::every(1), CheckpointPolicy::every(1).checkpoint_last(true),
-                      CheckpointPolicy::segments(2)}) {
+  for (auto policy : {ActivationCheckpointPolicy::every(1),
+                      ActivationCheckpointPolicy::every(1).checkpoint_last(true),
+                      ActivationCheckpointPolicy::segments(2)}) {
     CheckpointedSequential net(seq, policy);
     auto ckpt = run_grads(*net, x, [&](const at::Tensor& in) { return net(in).pow(2).mean(); });
     expect_bitwise(ckpt, plain, "transformer " + net->describe());
   }
   // The generic function API with the blocks' parameters discovered by the first forward.
   auto fn = run_grads(*seq, x, [&](const at::Tensor& in) {
-    auto h = checkpoint([&](const at::Tensor& y) { return seq[0]->as<Block>()->forward(y); }, in);
-    h = checkpoint([&](const at::Tensor& y) { return seq[1]->as<Block>()->forward(y); }, h);
+    auto h = activation_checkpoint(
+        [&](const at::Tensor& y) { return seq[0]->as<Block>()->forward(y); }, in);
+    h = activation_checkpoint([&](const at::Tensor& y) { return seq[1]->as<Block>()->forward(y); },
+                              h);
     return seq[2]->as<Block>()->forward(h).pow(2).mean();
   });
-  expect_bitwise(fn, plain, "transformer via checkpoint()");
+  expect_bitwise(fn, plain, "transformer via activation_checkpoint()");
 }
 
 TEST(ActivationCheckpoint, DropoutReplaysRngAndLeavesCallerStreamAlone) {
   torch::manual_seed(3);
   torch::nn::Sequential seq(Block(16, 2, 0.3), Block(16, 2, 0.3), Block(16, 2, 0.3));
-  CheckpointedSequential net(seq, CheckpointPolicy::every(1).checkpoint_last(true));
+  CheckpointedSequential net(seq, ActivationCheckpointPolicy::every(1).checkpoint_last(true));
   auto x = torch::randn({2, 5, 16});
 
   torch::manual_seed(77);
@@ -187,9 +195,10 @@ TEST(ActivationCheckpoint, DropoutReplaysRngAndLeavesCallerStreamAlone) {
   expect_bitwise(after_ckpt, after_plain, "caller's random stream after the step");
 
   // Without RNG preservation the recompute draws different masks: gradients differ.
-  CheckpointOptions off;
+  ActivationCheckpointOptions off;
   off.preserve_rng_state = false;
-  CheckpointedSequential loose(seq, CheckpointPolicy::every(1).checkpoint_last(true), off);
+  CheckpointedSequential loose(seq, ActivationCheckpointPolicy::every(1).checkpoint_last(true),
+                               off);
   torch::manual_seed(77);
   auto unpreserved = run_grads(*loose, x, [&](const at::Tensor& in) { return loose(in).pow(2).sum(); });
   EXPECT_FALSE(at::equal(unpreserved[0], plain[0]));
@@ -210,7 +219,8 @@ TEST(ActivationCheckpoint, MultipleOutputsSomeWithoutGradient) {
     return (out[0] * out[3]).sum() + out[0].sum();
   };
   auto plain = run_grads(*lin, x0, [&](const at::Tensor& x) { return loss_of(body({x})); });
-  auto ckpt = run_grads(*lin, x0, [&](const at::Tensor& x) { return loss_of(checkpoint(body, {x})); });
+  auto ckpt = run_grads(
+      *lin, x0, [&](const at::Tensor& x) { return loss_of(activation_checkpoint(body, {x})); });
   expect_bitwise(ckpt, plain, "multiple outputs");
 }
 
@@ -223,10 +233,14 @@ TEST(ActivationCheckpoint, NestedCheckpoints) {
   auto plain = run_grads(*both, x, [&](const at::Tensor& in) { return b(a(in)).pow(2).sum(); });
   torch::manual_seed(9);
   auto nested = run_grads(*both, x, [&](const at::Tensor& in) {
-    return checkpoint([&](const at::Tensor& h) {
-             auto inner = checkpoint([&](const at::Tensor& y) { return a(y); }, h);
-             return checkpoint([&](const at::Tensor& y) { return b(y); }, inner);
-           }, in).pow(2).sum();
+    return activation_checkpoint(
+               [&](const at::Tensor& h) {
+                 auto inner = activation_checkpoint([&](const at::Tensor& y) { return a(y); }, h);
+                 return activation_checkpoint([&](const at::Tensor& y) { return b(y); }, inner);
+               },
+               in)
+        .pow(2)
+        .sum();
   });
   expect_bitwise(nested, plain, "nested checkpoints");
 }
@@ -244,7 +258,8 @@ TEST(ActivationCheckpoint, NonTensorArgumentsCapturedByTheCallable) {
     return torch::cumsum(h, dim);
   };
   auto plain = run_grads(*lin, x0, [&](const at::Tensor& x) { return f(x).sum(); });
-  auto ckpt = run_grads(*lin, x0, [&](const at::Tensor& x) { return checkpoint(f, x).sum(); });
+  auto ckpt =
+      run_grads(*lin, x0, [&](const at::Tensor& x) { return activation_checkpoint(f, x).sum(); });
   expect_bitwise(ckpt, plain, "non-tensor arguments");
 }
 
@@ -260,7 +275,7 @@ TEST(ActivationCheckpoint, InputsWithoutGradAndIntegerInputs) {
   body({ids, mask})[0].sum().backward();
   auto plain = grads_of(*both);
   clear_grads(*both);
-  auto out = checkpoint(body, {ids, mask})[0];
+  auto out = activation_checkpoint(body, {ids, mask})[0];
   ASSERT_TRUE(out.requires_grad());
   out.sum().backward();
   expect_bitwise(grads_of(*both), plain, "no-grad inputs");
@@ -268,7 +283,7 @@ TEST(ActivationCheckpoint, InputsWithoutGradAndIntegerInputs) {
 
   // Nothing requires grad: no checkpoint node, outputs plain.
   torch::NoGradGuard no_grad;
-  auto y = checkpoint([&](const at::Tensor& t) { return t * 2; }, mask);
+  auto y = activation_checkpoint([&](const at::Tensor& t) { return t * 2; }, mask);
   EXPECT_FALSE(y.requires_grad());
   EXPECT_FALSE(y.grad_fn());
 }
@@ -296,14 +311,14 @@ TEST(ActivationCheckpoint, ParametersAccumulateOncePerBackwardInTheOuterGraph) {
   }
   auto x = torch::randn({3, 5});
   // The parameter is used twice inside the checkpoint: still one accumulation.
-  auto y = checkpoint([&](const at::Tensor& h) { return lin(torch::tanh(lin(h))); }, x);
+  auto y = activation_checkpoint([&](const at::Tensor& h) { return lin(torch::tanh(lin(h))); }, x);
   y.sum().backward();
   for (auto& c : counts) EXPECT_EQ(*c, 1);
 
   // Declared parameters (as CheckpointedSequential does) behave the same.
-  CheckpointOptions declared;
+  ActivationCheckpointOptions declared;
   declared.parameters = lin->parameters();
-  auto z = checkpoint([&](const at::Tensor& h) { return lin(h); }, x, declared);
+  auto z = activation_checkpoint([&](const at::Tensor& h) { return lin(h); }, x, declared);
   z.sum().backward();
   for (auto& c : counts) EXPECT_EQ(*c, 2);
 }
@@ -311,11 +326,11 @@ TEST(ActivationCheckpoint, ParametersAccumulateOncePerBackwardInTheOuterGraph) {
 TEST(ActivationCheckpoint, UndeclaredParameterIsAnError) {
   torch::manual_seed(9);
   torch::nn::Linear a(4, 4), b(4, 4);
-  CheckpointOptions opts;
+  ActivationCheckpointOptions opts;
   opts.name = "ab";
   opts.parameters = a->parameters();  // b's are missing
   auto x = leaf({2, 4});
-  auto y = checkpoint([&](const at::Tensor& h) { return b(a(h)); }, x, opts);
+  auto y = activation_checkpoint([&](const at::Tensor& h) { return b(a(h)); }, x, opts);
   try {
     y.sum().backward();
     FAIL() << "expected ActivationCheckpointError";
@@ -336,7 +351,7 @@ TEST(ActivationCheckpoint, RetainGraphBackwardTwiceWorksWithoutItThrows) {
     clear_grads(*mlp);
     torch::manual_seed(11);
     auto x = x0.clone().requires_grad_(true);
-    auto y = ckpt ? checkpoint([&](const at::Tensor& h) { return mlp(h); }, x) : mlp(x);
+    auto y = ckpt ? activation_checkpoint([&](const at::Tensor& h) { return mlp(h); }, x) : mlp(x);
     auto loss = y.sum();
     loss.backward({}, /*retain_graph=*/true);
     loss.backward();
@@ -347,9 +362,9 @@ TEST(ActivationCheckpoint, RetainGraphBackwardTwiceWorksWithoutItThrows) {
   expect_bitwise(twice(true), twice(false), "two backwards with retain_graph");
 
   auto x = x0.clone().requires_grad_(true);
-  CheckpointOptions opts;
+  ActivationCheckpointOptions opts;
   opts.name = "once";
-  auto loss = checkpoint([&](const at::Tensor& h) { return mlp(h); }, x, opts).sum();
+  auto loss = activation_checkpoint([&](const at::Tensor& h) { return mlp(h); }, x, opts).sum();
   loss.backward();
   try {
     loss.backward();
@@ -366,12 +381,12 @@ TEST(ActivationCheckpoint, AutogradGradThroughCheckpointWorksCreateGraphThrows) 
   auto x = leaf({3, 5});
   auto w = lin->weight;
   auto want = torch::autograd::grad({torch::tanh(lin(x)).pow(2).sum()}, {x, w});
-  auto y = checkpoint([&](const at::Tensor& h) { return torch::tanh(lin(h)); }, x);
+  auto y = activation_checkpoint([&](const at::Tensor& h) { return torch::tanh(lin(h)); }, x);
   auto got = torch::autograd::grad({y.pow(2).sum()}, {x, w});
   expect_bitwise(got, want, "torch::autograd::grad");
   EXPECT_FALSE(w.grad().defined()) << "grad() must not accumulate into .grad";
 
-  auto y2 = checkpoint([&](const at::Tensor& h) { return torch::tanh(lin(h)); }, x);
+  auto y2 = activation_checkpoint([&](const at::Tensor& h) { return torch::tanh(lin(h)); }, x);
   EXPECT_THROW(torch::autograd::grad({y2.sum()}, {x}, {}, /*retain_graph=*/true, /*create_graph=*/true),
                ActivationCheckpointError);
 }
@@ -382,7 +397,7 @@ TEST(ActivationCheckpoint, PipelineStageStyleInterleavedMicrobatches) {
   // order, with dropout.
   torch::manual_seed(13);
   torch::nn::Sequential stage(Block(8, 2, 0.2), Block(8, 2, 0.2));
-  CheckpointedSequential ckpt(stage, CheckpointPolicy::every(1).checkpoint_last(true));
+  CheckpointedSequential ckpt(stage, ActivationCheckpointPolicy::every(1).checkpoint_last(true));
   auto in0 = torch::randn({2, 3, 8}), in1 = torch::randn({2, 3, 8});
   auto g0 = torch::randn({2, 3, 8}), g1 = torch::randn({2, 3, 8});
   auto run = [&](const std::function<at::Tensor(const at::Tensor&)>& f) {
@@ -416,7 +431,7 @@ TEST(ActivationCheckpoint, AutocastStateReplayedAndRestored) {
     {
       at::autocast::set_cpu_enabled(true);
       at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
-      y = ckpt ? checkpoint([&](const at::Tensor& h) { return torch::relu(lin(h)); }, x)
+      y = ckpt ? activation_checkpoint([&](const at::Tensor& h) { return torch::relu(lin(h)); }, x)
                : torch::relu(lin(x));
       at::autocast::set_cpu_enabled(false);
       at::autocast::clear_cache();
@@ -435,7 +450,12 @@ TEST(ActivationCheckpoint, GradModeDisabledRunsFnPlainly) {
   torch::nn::Linear lin(3, 3);
   int calls = 0;
   torch::NoGradGuard no_grad;
-  auto y = checkpoint([&](const at::Tensor& h) { ++calls; return lin(h); }, leaf({2, 3}));
+  auto y = activation_checkpoint(
+      [&](const at::Tensor& h) {
+        ++calls;
+        return lin(h);
+      },
+      leaf({2, 3}));
   EXPECT_EQ(calls, 1);
   EXPECT_FALSE(y.requires_grad());
 }
@@ -446,7 +466,7 @@ TEST(ActivationCheckpoint, GradModeDisabledRunsFnPlainly) {
 TEST(ActivationCheckpoint, InputModifiedInPlaceBeforeBackwardThrows) {
   torch::nn::Linear lin(3, 3);
   auto x = torch::randn({2, 3});  // no grad: may be modified in place by the caller
-  auto y = checkpoint([&](const at::Tensor& h) { return lin(h); }, x);
+  auto y = activation_checkpoint([&](const at::Tensor& h) { return lin(h); }, x);
   x.add_(1);
   EXPECT_THROW(y.sum().backward(), ActivationCheckpointError);
 }
@@ -457,9 +477,10 @@ TEST(ActivationCheckpoint, DeterminismCheckCatchesPlantedNondeterminism) {
 
   // Shape changes between forward and recompute: caught by the default metadata check.
   int calls = 0;
-  CheckpointOptions opts;
+  ActivationCheckpointOptions opts;
   opts.name = "planted";
-  auto y = checkpoint([&](const at::Tensor& h) { return lin(h).narrow(0, 0, 3 - calls++); }, x, opts);
+  auto y = activation_checkpoint(
+      [&](const at::Tensor& h) { return lin(h).narrow(0, 0, 3 - calls++); }, x, opts);
   try {
     y.sum().backward();
     FAIL() << "expected ActivationCheckpointError";
@@ -474,26 +495,28 @@ TEST(ActivationCheckpoint, DeterminismCheckCatchesPlantedNondeterminism) {
   // Different values, same shapes: only kValues catches it.
   int draws = 0;
   auto noisy = [&](const at::Tensor& h) { return lin(h) + static_cast<double>(draws++); };
-  auto quiet = checkpoint(noisy, x);  // kMetadata
+  auto quiet = activation_checkpoint(noisy, x);  // kMetadata
   EXPECT_NO_THROW(quiet.sum().backward());
   opts.check = RecomputeCheck::kValues;
-  auto loud = checkpoint(noisy, x, opts);
+  auto loud = activation_checkpoint(noisy, x, opts);
   EXPECT_THROW(loud.sum().backward(), ActivationCheckpointError);
 
   // A different number of outputs.
   int n = 1;
-  auto grow = checkpoint([&](const Tensors& in) { return Tensors(n++, lin(in[0])); }, {x});
+  auto grow =
+      activation_checkpoint([&](const Tensors& in) { return Tensors(n++, lin(in[0])); }, {x});
   EXPECT_THROW(grow[0].sum().backward(), ActivationCheckpointError);
 
   // The recompute reaches a parameter the forward did not use.
   torch::nn::Linear other(4, 4);
   bool second = false;
-  auto branchy = checkpoint([&](const at::Tensor& h) { return (second = !second) ? lin(h) : other(h); }, x);
+  auto branchy = activation_checkpoint(
+      [&](const at::Tensor& h) { return (second = !second) ? lin(h) : other(h); }, x);
   EXPECT_THROW(branchy.sum().backward(), ActivationCheckpointError);
 }
 
 // ---------------------------------------------------------------------------------------------
-// CheckpointPolicy and CheckpointedSequential
+// ActivationCheckpointPolicy and CheckpointedSequential
 
 std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> children_of(
     const torch::nn::Sequential& seq) {
@@ -502,7 +525,7 @@ std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> children
   return out;
 }
 
-std::string plan_string(const std::vector<CheckpointSegment>& plan) {
+std::string plan_string(const std::vector<ActivationCheckpointSegment>& plan) {
   std::string s;
   for (const auto& seg : plan) {
     s += (s.empty() ? "" : " ") + std::to_string(seg.begin) + "-" + std::to_string(seg.end) +
@@ -511,30 +534,35 @@ std::string plan_string(const std::vector<CheckpointSegment>& plan) {
   return s;
 }
 
-TEST(CheckpointPolicy, Plans) {
+TEST(ActivationCheckpointPolicy, Plans) {
   torch::nn::Sequential seq;
   for (int i = 0; i < 10; ++i) {
     if (i % 2 == 0) seq->push_back(torch::nn::Linear(2, 2));
     else seq->push_back(torch::nn::ReLU());
   }
   const auto ch = children_of(seq);
-  EXPECT_EQ(plan_string(CheckpointPolicy::none().plan(ch)), "0-10p");
-  EXPECT_EQ(plan_string(CheckpointPolicy::segments(3).plan(ch)), "0-4c 4-7c 7-10p");
-  EXPECT_EQ(plan_string(CheckpointPolicy::segments(3).checkpoint_last(true).plan(ch)), "0-4c 4-7c 7-10c");
-  EXPECT_EQ(plan_string(CheckpointPolicy::segments(50).plan(ch)).substr(0, 8), "0-1c 1-2");
-  EXPECT_EQ(plan_string(CheckpointPolicy::every(4).plan(ch)), "0-4c 4-8c 8-10p");
-  EXPECT_EQ(plan_string(CheckpointPolicy::sqrt().plan(ch)), "0-4c 4-7c 7-10p");  // round(√10) = 3
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::none().plan(ch)), "0-10p");
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::segments(3).plan(ch)), "0-4c 4-7c 7-10p");
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::segments(3).checkpoint_last(true).plan(ch)),
+            "0-4c 4-7c 7-10c");
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::segments(50).plan(ch)).substr(0, 8),
+            "0-1c 1-2");
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::every(4).plan(ch)), "0-4c 4-8c 8-10p");
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::sqrt().plan(ch)),
+            "0-4c 4-7c 7-10p");  // round(√10) = 3
   EXPECT_EQ(ch[0].second->name(), "torch::nn::LinearImpl");
-  EXPECT_EQ(plan_string(CheckpointPolicy::select([](const std::string&, const torch::nn::Module& m) {
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::select([](const std::string&,
+                                                              const torch::nn::Module& m) {
                           return m.name() == "torch::nn::LinearImpl";
                         }).plan(ch)),
             "0-1c 1-2p 2-3c 3-4p 4-5c 5-6p 6-7c 7-8p 8-9c 9-10p");
-  EXPECT_EQ(plan_string(CheckpointPolicy::select([](const std::string& name, const torch::nn::Module&) {
+  EXPECT_EQ(plan_string(ActivationCheckpointPolicy::select([](const std::string& name,
+                                                              const torch::nn::Module&) {
                           return name == "9";
                         }).plan(ch)),
             "0-9p 9-10c");
-  EXPECT_THROW(CheckpointPolicy::segments(0), ConfigError);
-  EXPECT_THROW(CheckpointPolicy::every(0), ConfigError);
+  EXPECT_THROW(ActivationCheckpointPolicy::segments(0), ConfigError);
+  EXPECT_THROW(ActivationCheckpointPolicy::every(0), ConfigError);
 }
 
 TEST(CheckpointedSequential, EveryPolicyMatchesPlainSequentialAndNames) {
@@ -546,16 +574,18 @@ TEST(CheckpointedSequential, EveryPolicyMatchesPlainSequentialAndNames) {
   }
   auto x = torch::randn({5, 6});
   auto plain = run_grads(*seq, x, [&](const at::Tensor& in) { return seq->forward(in).pow(2).sum(); });
-  auto selector = CheckpointPolicy::select([](const std::string&, const torch::nn::Module& m) {
-    return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr;
-  });
+  auto selector =
+      ActivationCheckpointPolicy::select([](const std::string&, const torch::nn::Module& m) {
+        return dynamic_cast<const torch::nn::LinearImpl*>(&m) != nullptr;
+      });
   EXPECT_EQ(CheckpointedSequential(seq, selector)->describe(),
             "select: 16 runs: [0,1) ckpt, [1,2) plain, [2,3) ckpt, [3,4) plain, [4,5) ckpt, [5,6) "
             "plain, [6,7) ckpt, [7,8) plain, [8,9) ckpt, [9,10) plain, [10,11) ckpt, [11,12) plain, "
             "[12,13) ckpt, [13,14) plain, [14,15) ckpt, [15,16) plain");
-  for (const auto& policy : {CheckpointPolicy::none(), CheckpointPolicy::segments(3),
-                             CheckpointPolicy::every(3).checkpoint_last(true), CheckpointPolicy::sqrt(),
-                             selector}) {
+  for (const auto& policy :
+       {ActivationCheckpointPolicy::none(), ActivationCheckpointPolicy::segments(3),
+        ActivationCheckpointPolicy::every(3).checkpoint_last(true),
+        ActivationCheckpointPolicy::sqrt(), selector}) {
     CheckpointedSequential net(seq, policy);
     auto names = net->named_parameters().keys();
     EXPECT_EQ(names, seq->named_parameters().keys());

@@ -1,16 +1,16 @@
-// Activation checkpointing inside DataParallel, 2 ranks as threads over one HashStore: training
-// with checkpointed layers gives bitwise the same parameters as without, for CheckpointedSequential
-// policies (including every parameter inside a checkpoint) and for tandem::checkpoint calls inside
-// a custom module, with and without find_unused_parameters. DataParallel itself throws if a
-// parameter's gradient-ready hook fires twice in one backward, so passing also shows the hooks
-// fire once per parameter per step.
+// Activation checkpointing inside DistributedDataParallel, 2 ranks as threads over one HashStore:
+// training with checkpointed layers gives bitwise the same parameters as without, for
+// CheckpointedSequential policies (including every parameter inside a checkpoint) and for
+// tandem::checkpoint calls inside a custom module, with and without find_unused_parameters.
+// DistributedDataParallel itself throws if a parameter's gradient-ready hook fires twice in one
+// backward, so passing also shows the hooks fire once per parameter per step.
 //
 // Models and data are made on the test's main thread (torch::manual_seed is process-global);
 // the models have no dropout, because rank threads share the default CPU generator.
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
-#include <tandem/checkpoint/activation.h>
-#include <tandem/runtime/data_parallel.h>
+#include <tandem/runtime/activation_checkpoint.h>
+#include <tandem/runtime/distributed_data_parallel.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -45,7 +45,7 @@ struct TwoLayerImpl : torch::nn::Module {
   }
   at::Tensor forward(const at::Tensor& x) {
     auto body = [this](const at::Tensor& h) { return torch::tanh(a(h)); };
-    auto h = ckpt_ ? checkpoint(body, x) : body(x);
+    auto h = ckpt_ ? activation_checkpoint(body, x) : body(x);
     return b(h);
   }
   bool ckpt_;
@@ -71,8 +71,8 @@ at::Tensor state_bytes(torch::nn::Module& m) {
   return at::cat(parts);
 }
 
-// Trains `models[rank]` under DataParallel on 2 rank threads for kSteps SGD steps; returns the
-// parameter bytes of each rank after each step: [rank][step].
+// Trains `models[rank]` under DistributedDataParallel on 2 rank threads for kSteps SGD steps;
+// returns the parameter bytes of each rank after each step: [rank][step].
 template <class Holder>
 std::vector<std::vector<at::Tensor>> train(const std::vector<Holder>& models, bool find_unused) {
   std::vector<std::vector<at::Tensor>> states(kWorld);
@@ -81,11 +81,11 @@ std::vector<std::vector<at::Tensor>> train(const std::vector<Holder>& models, bo
   testing::run_ranks(kWorld, [&](Communicator& comm) {
     const int rank = comm.rank();
     auto model = models[rank];
-    DataParallelOptions options;
+    DistributedDataParallelOptions options;
     options.find_unused_parameters = find_unused;
     options.bucket_cap_mb = 0.001;  // several buckets
     options.first_bucket_cap_mb = 0.0002;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.1).momentum(0.9));
     for (int step = 0; step < kSteps; ++step) {
       const Batch b = batch_of(rank, step);
@@ -117,8 +117,9 @@ TEST(ActivationCheckpointDataParallel, CheckpointedSequentialEqualsPlain) {
     std::vector<torch::nn::Sequential> plain;
     for (int r = 0; r < kWorld; ++r) plain.push_back(make_sequential());
     const auto want = train(plain, find_unused);
-    for (const auto& policy : {CheckpointPolicy::every(2).checkpoint_last(true),  // all inside
-                               CheckpointPolicy::sqrt(), CheckpointPolicy::segments(2)}) {
+    for (const auto& policy :
+         {ActivationCheckpointPolicy::every(2).checkpoint_last(true),  // all inside
+          ActivationCheckpointPolicy::sqrt(), ActivationCheckpointPolicy::segments(2)}) {
       std::vector<CheckpointedSequential> ckpt;
       for (int r = 0; r < kWorld; ++r) ckpt.emplace_back(make_sequential(), policy);
       const std::string what = ckpt[0]->describe() + (find_unused ? ", find_unused_parameters" : "");
@@ -135,7 +136,8 @@ TEST(ActivationCheckpointDataParallel, CheckpointCallInsideModuleEqualsPlain) {
       ckpt.push_back(std::make_shared<TwoLayerImpl>(true));
     }
     expect_same(train(ckpt, find_unused), train(plain, find_unused),
-                find_unused ? "checkpoint() in a module, find_unused_parameters" : "checkpoint() in a module");
+                find_unused ? "activation_checkpoint() in a module, find_unused_parameters"
+                            : "activation_checkpoint() in a module");
   }
 }
 

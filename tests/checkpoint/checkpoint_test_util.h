@@ -2,11 +2,12 @@
 // bitwise comparison, file damage, a file system whose writes can be held back.
 #pragma once
 
+#include <tandem/base/file_system.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
-#include <tandem/checkpoint/file_system.h>
-#include <tandem/checkpoint/step_directory.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/grad_codec.h>
+
+#include "checkpoint/step_directory.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>

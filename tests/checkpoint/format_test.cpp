@@ -1,10 +1,11 @@
 // The torch-free layer of training-state checkpoints: strict JSON, shard headers, the manifest and
 // its checksum, and the commit protocol under every injected file-system fault.
-#include <tandem/checkpoint/fault_injection_file_system.h>
+#include <tandem/base/errors.h>
 #include <tandem/checkpoint/format.h>
-#include <tandem/checkpoint/json.h>
-#include <tandem/checkpoint/step_directory.h>
-#include <tandem/errors.h>
+
+#include "base/json.h"
+#include "checkpoint/step_directory.h"
+#include "tests/support/fault_injection_file_system.h"
 
 #include <gtest/gtest.h>
 

@@ -2,14 +2,15 @@
 // momentum, AdamW), async == sync byte for byte, faults through the manager, corruption and
 // fallback, errors surfacing from the async writer, sharded saves with 2 and 4 ranks as threads,
 // rank agreement, and loading at another world size.
-#include "checkpoint_test_util.h"
-#include "test_support.h"
+#include "tests/checkpoint/checkpoint_test_util.h"
+#include "tests/support/test_support.h"
 
+#include <tandem/base/errors.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
-#include <tandem/checkpoint/fault_injection_file_system.h>
-#include <tandem/checkpoint/step_directory.h>
 #include <tandem/collectives/grad_codec.h>
-#include <tandem/errors.h>
+
+#include "checkpoint/step_directory.h"
+#include "tests/support/fault_injection_file_system.h"
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -69,7 +70,10 @@ TEST(CheckpointManager, RoundTripsEveryStateKindBitwise) {
     m.add_optimizer("adagrad", adagrad);
     m.add_optimizer("rmsprop", rmsprop);
     m.add_rng("rng");
-    m.add_codec("codec", codec);
+    m.add_tensors(
+        "codec", [&] { return codec.state(); },
+        [&](const std::map<std::string, at::Tensor>& t) { codec.load_state(t); },
+        Sharding::kSharded);
     m.add_tensors("extra", [&] { return extra; }, [&](const std::map<std::string, at::Tensor>& t) { extra = t; });
     m.add_values("loader", [&] { return loader; }, [&](const std::map<std::string, CheckpointValue>& v) { loader = v; });
   };
@@ -463,7 +467,10 @@ void setup_rank(RankState& s, int rank, uint64_t seed) {
 void register_rank(CheckpointManager& m, RankState& s) {
   m.add_module("model", s.net);
   m.add_rng("rng", s.gen);
-  m.add_codec("codec", s.codec);
+  m.add_tensors(
+      "codec", [&s] { return s.codec.state(); },
+      [&s](const std::map<std::string, at::Tensor>& t) { s.codec.load_state(t); },
+      Sharding::kSharded);
   m.add_values("loader", [&s] { return s.loader; },
                [&s](const std::map<std::string, CheckpointValue>& v) { s.loader = v; }, Sharding::kSharded);
 }

@@ -2,10 +2,10 @@
 // rounding, PowerSGD's exactness at full rank, top-k's choice of entries, conservation of mass by
 // error feedback, identical decoding on every rank, state round trips, traffic accounting and
 // the registry's errors.
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
+#include <tandem/base/errors.h>
 #include <tandem/collectives/compression.h>
-#include <tandem/errors.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -336,7 +336,8 @@ void expect_state_round_trip(const std::function<std::shared_ptr<GradCodec>()>& 
     for (const auto& [name, t] : first->state()) saved[name] = t.clone();
     auto second = make();
     second->load_state(saved);
-    // A new DataParallel restarts the reducer's step at 0; the codec keeps its own count.
+    // A new DistributedDataParallel restarts the reducer's step at 0; the codec keeps its own
+    // count.
     for (int step = cut; step < steps; ++step) {
       GradBucket b = make_bucket(kShapes, grad_of(comm.rank(), step, n), step - cut);
       second->reduce(comm, b)->wait();

@@ -1,13 +1,13 @@
-// DataParallel training with each codec on a fixed synthetic task (2 ranks as threads,
+// DistributedDataParallel training with each codec on a fixed synthetic task (2 ranks as threads,
 // deterministic data): compressed runs with error feedback end close to the uncompressed loss,
 // the same codecs without error feedback end measurably worse, and a run resumed from a
 // training-state checkpoint holding the codec state follows the uninterrupted trajectory bit for
 // bit.
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/collectives/compression.h>
-#include <tandem/runtime/data_parallel.h>
+#include <tandem/runtime/distributed_data_parallel.h>
 
 #include <torch/torch.h>
 #include <gtest/gtest.h>
@@ -70,9 +70,9 @@ struct Result {
 
 // Trains `steps` steps of SGD on every rank; `codec` null = uncompressed. With `resume_at` > 0
 // the run is checkpointed there (CheckpointManager, synchronous: model, optimizer and
-// DataParallel::state(), i.e. bucket plan and codec state, per rank), every object is made anew
-// (model, optimizer, codec, DataParallel, manager), and resume() restores them before training
-// goes on.
+// DistributedDataParallel::state(), i.e. bucket plan and codec state, per rank), every object is
+// made anew (model, optimizer, codec, DistributedDataParallel, manager), and resume() restores them
+// before training goes on.
 Result train(const std::function<std::shared_ptr<GradCodec>()>& make_codec_fn, int steps,
              int resume_at = 0, double momentum = 0) {
   Result result;
@@ -82,16 +82,16 @@ Result train(const std::function<std::shared_ptr<GradCodec>()>& make_codec_fn, i
     Task task;
     std::shared_ptr<Communicator> shared(&comm, [](Communicator*) {});
     torch::nn::Sequential model;
-    std::unique_ptr<DataParallel<torch::nn::SequentialImpl>> ddp;
+    std::unique_ptr<DistributedDataParallel<torch::nn::SequentialImpl>> ddp;
     std::unique_ptr<torch::optim::SGD> opt;
     std::unique_ptr<CheckpointManager> ckpt;
     auto start = [&] {
       model = make_model();
-      DataParallelOptions o;
+      DistributedDataParallelOptions o;
       o.bucket_cap_mb = 0.05;  // a few buckets
       o.first_bucket_cap_mb = 0.01;
       o.codec = make_codec_fn ? make_codec_fn() : nullptr;
-      ddp = std::make_unique<DataParallel<torch::nn::SequentialImpl>>(model, shared, o);
+      ddp = std::make_unique<DistributedDataParallel<torch::nn::SequentialImpl>>(model, shared, o);
       opt = std::make_unique<torch::optim::SGD>(
           model->parameters(), torch::optim::SGDOptions(0.05).momentum(momentum));
       if (resume_at == 0) return;

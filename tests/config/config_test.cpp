@@ -1,7 +1,7 @@
 // The config system in-process: merge order of the four sources, every error class with its
 // exact message, printed defaults against the structs, YAML round trip, argv handling.
-#include <tandem/config/config.h>
-#include <tandem/config/options_registry.h>
+#include <tandem/runtime/config.h>
+#include <tandem/runtime/config_keys.h>
 
 #include <gtest/gtest.h>
 
@@ -116,7 +116,8 @@ TEST_F(ConfigTest, NestedMapsAndDottedKeysAreTheSame) {
 }
 
 TEST_F(ConfigTest, CodecIsBuiltFromTheCompressionSection) {
-  EXPECT_EQ(load_config({}).config.ddp.codec, nullptr);  // plain average: DataParallel's own
+  EXPECT_EQ(load_config({}).config.ddp.codec,
+            nullptr);  // plain average: DistributedDataParallel's own
   auto c = load_config({{}, {}, {"compression.codec=powersgd", "compression.wire=fp16"}});
   ASSERT_NE(c.config.ddp.codec, nullptr);
   EXPECT_EQ(c.config.ddp.codec->name(), "powersgd+fp16");
@@ -266,7 +267,8 @@ TEST(ConfigRegistry, PrintedDefaultsAreTheStructDefaults) {
       {"allocator.pool.min_block_size", std::to_string(memory::CachingPoolOptions{}.min_block_size)},
   };
   for (const auto& [key, value] : direct) EXPECT_EQ(config_value(defaults, key), value) << key;
-  EXPECT_EQ(std::stod(config_value(defaults, "ddp.bucket_cap_mb")), DataParallelOptions{}.bucket_cap_mb);
+  EXPECT_EQ(std::stod(config_value(defaults, "ddp.bucket_cap_mb")),
+            DistributedDataParallelOptions{}.bucket_cap_mb);
   EXPECT_EQ(std::stod(config_value(defaults, "compression.topk.ratio")), TopKOptions{}.ratio);
 
   const std::string text = config_defaults_text();

@@ -1,7 +1,7 @@
 // tandem::run_main(argc, argv, fn(Context&)) in real processes: flags taken out of argv, config
 // errors exit 2 with the message on stderr and in the error file, --print-config/--help-config
 // stop before fn, and under tandemrun two ranks connect with the merged config.
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
 
 #include <gtest/gtest.h>
 

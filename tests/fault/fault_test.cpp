@@ -19,8 +19,8 @@
 #include <sstream>
 #include <string>
 
-#include "error_file.h"
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
+#include "tools/tandemrun/error_file.h"
 
 namespace tandem::launcher_test {
 namespace {

@@ -1,9 +1,9 @@
 // The training worker of the fault-injection tests (tests/fault/fault_test.cpp), started by
-// tandemrun. A real, small training job: tandem::init(), DataParallel over a tiny MLP, SGD with
-// momentum, CheckpointManager (model, optimizer, ddp.state() sharded) every K steps, resume() at
-// start, tandem::run_main + tandem::heartbeat() each step. The data of step s depends only on s
-// and the rank, so a run that is killed and resumed ends with the same parameters, bit for bit,
-// as one that was not.
+// tandemrun. A real, small training job: tandem::init(), DistributedDataParallel over a tiny MLP,
+// SGD with momentum, CheckpointManager (model, optimizer, ddp.state() sharded) every K steps,
+// resume() at start, tandem::run_main + tandem::heartbeat() each step. The data of step s depends
+// only on s and the rank, so a run that is killed and resumed ends with the same parameters, bit
+// for bit, as one that was not.
 //
 //   fault_worker --ckpt DIR --out FILE [--steps N] [--every K] [--sync]
 //     rank 0 writes the final parameters' raw bytes to FILE.
@@ -21,7 +21,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
-#include <tandem/runtime/data_parallel.h>
+#include <tandem/runtime/distributed_data_parallel.h>
 #include <tandem/runtime/init.h>
 #include <tandem/runtime/run_main.h>
 #include <torch/torch.h>
@@ -106,9 +106,9 @@ int train(int argc, char** argv) {
   torch::manual_seed(7);
   torch::nn::Sequential model(torch::nn::Linear(10, 16), torch::nn::Tanh(),
                               torch::nn::Linear(16, 3));
-  tandem::DataParallelOptions dp_options;
+  tandem::DistributedDataParallelOptions dp_options;
   dp_options.bucket_cap_mb = 0.0005;  // several buckets: the plan is real state
-  tandem::DataParallel ddp(model, dist.world, dp_options);
+  tandem::DistributedDataParallel ddp(model, dist.world, dp_options);
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
   tandem::CheckpointManagerOptions ckpt_options;

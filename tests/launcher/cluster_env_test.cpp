@@ -1,17 +1,18 @@
 // Slurm node lists and task lists, and the cluster variables (Slurm, Kubeflow PyTorchJob) that
 // become tandemrun's launch defaults; plus, black-box, the precedence command line > PET_* >
 // cluster variables > defaults and the one log line naming the source.
-#include "cluster_env.h"
+#include "tools/tandemrun/cluster_env.h"
 
 #include <gtest/gtest.h>
-#include <tandem/errors.h>
-#include <tandem/runtime/slurm.h>
+#include <tandem/base/errors.h>
+
+#include "base/slurm.h"
 
 #include <map>
 #include <string>
 #include <vector>
 
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
 
 namespace tandem::launcher {
 namespace {

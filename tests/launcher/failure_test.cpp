@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
 
 namespace tandem::launcher_test {
 namespace {

@@ -15,9 +15,10 @@
 #include <set>
 #include <string>
 
-#include "job_token.h"
-#include "tandem/errors.h"
-#include "tandemrun_process.h"
+#include <tandem/base/errors.h>
+
+#include "tests/launcher/tandemrun_process.h"
+#include "tools/tandemrun/job_token.h"
 
 namespace tandem::launcher_test {
 namespace {

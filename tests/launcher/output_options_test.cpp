@@ -8,7 +8,7 @@
 #include <sstream>
 #include <string>
 
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
 
 namespace tandem::launcher_test {
 namespace {

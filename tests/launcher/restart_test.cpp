@@ -11,8 +11,8 @@
 #include <set>
 #include <string>
 
-#include "error_file.h"
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
+#include "tools/tandemrun/error_file.h"
 
 namespace tandem::launcher_test {
 namespace {

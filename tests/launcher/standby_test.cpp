@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
 
 namespace tandem::launcher_test {
 namespace {

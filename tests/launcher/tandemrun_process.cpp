@@ -1,4 +1,4 @@
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -41,7 +41,6 @@ void make_pipe(int fds[2]) {
 }  // namespace
 
 std::string tandemrun_path() { return TANDEMRUN_PATH; }
-std::string worker_path() { return LAUNCHER_TEST_WORKER; }
 
 std::vector<std::string> clean_env() {
   std::vector<std::string> env;

@@ -14,9 +14,12 @@ namespace tandem::launcher_test {
 
 using namespace std::chrono_literals;
 
-// Paths of the binaries under test (compile definitions set by tests/launcher/CMakeLists.txt).
+// Paths of the binaries under test: tandemrun (compiled into tandem_test_process).
 std::string tandemrun_path();
-std::string worker_path();
+#ifdef LAUNCHER_TEST_WORKER
+// The worker program of the test executable that includes this header (its LAUNCHER_TEST_WORKER).
+inline std::string worker_path() { return LAUNCHER_TEST_WORKER; }
+#endif
 
 // The test's own environment minus everything that would change what tandemrun or the workers
 // do (OMP_NUM_THREADS, PET_*, torchrun variables), so results do not depend on the caller.

@@ -10,8 +10,8 @@
 #include <map>
 #include <set>
 
-#include "tandem/memory/caching_pool.h"
-#include "tandem/memory/snapshot.h"
+#include <tandem/memory/caching_pool.h>
+#include <tandem/memory/snapshot.h>
 
 namespace tandem::memory::testing {
 

@@ -3,8 +3,8 @@
 #include <cstdio>
 #include <vector>
 
-#include "tandem/memory/host_memory_stack.h"
-#include "tandem/memory/snapshot.h"
+#include <tandem/memory/host_memory_stack.h>
+#include <tandem/memory/snapshot.h>
 
 namespace tmem = tandem::memory;
 

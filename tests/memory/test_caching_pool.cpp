@@ -6,12 +6,12 @@
 #include <thread>
 #include <vector>
 
-#include "tandem/errors.h"
-#include "tandem/memory/caching_pool.h"
-#include "tandem/memory/host_backend.h"
-#include "tandem/memory/limiting_resource.h"
-#include "tandem/memory/snapshot.h"
-#include "tandem/memory/statistics_resource.h"
+#include <tandem/base/errors.h>
+#include <tandem/memory/caching_pool.h>
+#include <tandem/memory/host_backend.h>
+#include <tandem/memory/limiting_resource.h>
+#include <tandem/memory/snapshot.h>
+#include <tandem/memory/statistics_resource.h>
 
 namespace tmem = tandem::memory;
 

@@ -9,10 +9,11 @@
 #include <thread>
 #include <vector>
 
-#include "memory_test_util.h"
-#include "tandem/memory/host_backend.h"
-#include "tandem/memory/statistics_resource.h"
-#include "tandem/memory/tracking_resource.h"
+#include <tandem/memory/host_backend.h>
+#include <tandem/memory/statistics_resource.h>
+#include <tandem/memory/tracking_resource.h>
+
+#include "tests/memory/memory_test_util.h"
 
 namespace tmem = tandem::memory;
 

@@ -3,8 +3,8 @@
 
 #include <cuda_runtime_api.h>
 
-#include "tandem/memory/caching_pool.h"
-#include "tandem/memory/cuda_backend.h"
+#include <tandem/memory/caching_pool.h>
+#include <tandem/memory/cuda_backend.h>
 
 namespace tmem = tandem::memory;
 

@@ -8,8 +8,9 @@
 #include <tuple>
 #include <vector>
 
-#include "memory_test_util.h"
-#include "tandem/memory/host_backend.h"
+#include <tandem/memory/host_backend.h>
+
+#include "tests/memory/memory_test_util.h"
 
 namespace tmem = tandem::memory;
 

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "tandem/errors.h"
-#include "tandem/memory/cpu_allocator.h"
-#include "tandem/memory/host_memory_stack.h"
-#include "tandem/memory/leak_detector.h"
+#include <tandem/base/errors.h>
+#include <tandem/memory/cpu_allocator.h>
+#include <tandem/memory/host_memory_stack.h>
+#include <tandem/memory/leak_detector.h>
 
 namespace tmem = tandem::memory;
 

@@ -6,13 +6,13 @@
 #include <string>
 #include <vector>
 
-#include "tandem/memory/caching_pool.h"
-#include "tandem/memory/host_backend.h"
-#include "tandem/memory/host_memory_stack.h"
-#include "tandem/memory/leak_detector.h"
-#include "tandem/memory/snapshot.h"
-#include "tandem/memory/stack_trace.h"
-#include "tandem/memory/tracking_resource.h"
+#include <tandem/memory/caching_pool.h>
+#include <tandem/memory/host_backend.h>
+#include <tandem/memory/host_memory_stack.h>
+#include <tandem/memory/leak_detector.h>
+#include <tandem/memory/snapshot.h>
+#include <tandem/memory/stack_trace.h>
+#include <tandem/memory/tracking_resource.h>
 
 namespace tmem = tandem::memory;
 

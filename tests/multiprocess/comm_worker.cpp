@@ -2,7 +2,7 @@
 // and runs one scenario. Exit codes: 0 scenario passed, 1 scenario failed, 4 ConfigError,
 // 5 TimeoutError, 6 CommError, 7 other tandem::Error. Every tandem error is printed as
 // "tandem error (<Type>): <message>".
-#include "worker_main.h"
+#include "tests/multiprocess/worker_main.h"
 
 #include <tandem/tandem.h>
 

@@ -1,8 +1,8 @@
-// DataParallel with ranks as real processes: dp_worker trains under tandemrun and every rank must
-// end with the same parameter bytes; one step matches the full-batch gradient in every process;
-// a mismatched model fails on every rank without hanging.
-#include "process_env.h"
-#include "tandemrun_process.h"
+// DistributedDataParallel with ranks as real processes: dp_worker trains under tandemrun and every
+// rank must end with the same parameter bytes; one step matches the full-batch gradient in every
+// process; a mismatched model fails on every rank without hanging.
+#include "tests/launcher/tandemrun_process.h"
+#include "tests/multiprocess/process_env.h"
 
 #include <gtest/gtest.h>
 
@@ -39,9 +39,9 @@ std::map<int, std::string> values_after(const std::string& out, const std::strin
   return values;
 }
 
-class DataParallelProcesses : public ::testing::TestWithParam<int> {};
+class DistributedDataParallelProcesses : public ::testing::TestWithParam<int> {};
 
-TEST_P(DataParallelProcesses, TwentyStepsThroughTandemrunEndBitwiseEqualOnEveryRank) {
+TEST_P(DistributedDataParallelProcesses, TwentyStepsThroughTandemrunEndBitwiseEqualOnEveryRank) {
   const int world = GetParam();
   const RunResult r = launcher_test::run_tandemrun(
       {"--standalone", "--nproc-per-node", std::to_string(world), dp_worker(), "train", "20"},
@@ -59,7 +59,7 @@ TEST_P(DataParallelProcesses, TwentyStepsThroughTandemrunEndBitwiseEqualOnEveryR
   }
 }
 
-TEST_P(DataParallelProcesses, OneStepEqualsTheFullBatchGradientInEveryProcess) {
+TEST_P(DistributedDataParallelProcesses, OneStepEqualsTheFullBatchGradientInEveryProcess) {
   const int world = GetParam();
   const RunResult r = launcher_test::run_tandemrun(
       {"--standalone", "--nproc-per-node", std::to_string(world), dp_worker(), "check-grads"},
@@ -71,10 +71,10 @@ TEST_P(DataParallelProcesses, OneStepEqualsTheFullBatchGradientInEveryProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, DataParallelProcesses, ::testing::Values(2, 3),
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedDataParallelProcesses, ::testing::Values(2, 3),
                          [](const auto& info) { return "world" + std::to_string(info.param); });
 
-TEST(DataParallelProcess, WorldOfOneIsBitwiseTheSingleProcessGradient) {
+TEST(DistributedDataParallelProcess, WorldOfOneIsBitwiseTheSingleProcessGradient) {
   auto env = clean_env();
   env.push_back("RANK=0");
   env.push_back("WORLD_SIZE=1");
@@ -86,7 +86,7 @@ TEST(DataParallelProcess, WorldOfOneIsBitwiseTheSingleProcessGradient) {
   EXPECT_TRUE(contains(r.out, "GRADS OK rel_error=0 exact=1 rank 0 of 1")) << r.out;
 }
 
-TEST(DataParallelProcess, MismatchedModelFailsOnEveryRankWithoutHanging) {
+TEST(DistributedDataParallelProcess, MismatchedModelFailsOnEveryRankWithoutHanging) {
   const int port = free_port();
   std::vector<std::unique_ptr<TandemrunProcess>> workers;
   for (int rank = 0; rank < 2; ++rank) {

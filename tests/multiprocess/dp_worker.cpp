@@ -1,5 +1,5 @@
-// Worker program for the DataParallel process tests: connects with tandem::init() from the
-// environment and runs one scenario.
+// Worker program for the DistributedDataParallel process tests: connects with tandem::init() from
+// the environment and runs one scenario.
 //   train [steps]  trains a small MLP (torch::nn::Sequential) with SGD + momentum on data seeded by
 //                  rank and step; prints "PARAMS <fnv1a-64 of the parameters' bytes>" and the
 //                  number of steps.
@@ -9,7 +9,7 @@
 //   mismatch       rank 1 builds a wider hidden layer; construction must fail on every rank.
 // Exit codes: 0 scenario passed, 1 scenario failed, 4 ConfigError, 5 TimeoutError, 6 CommError,
 // 7 other tandem::Error, each printed as "tandem error (<Type>): <message>".
-#include "worker_main.h"
+#include "tests/multiprocess/worker_main.h"
 
 #include <tandem/tandem.h>
 
@@ -32,8 +32,8 @@ torch::nn::Sequential make_mlp(uint64_t seed, int64_t hidden = 32) {
                                torch::nn::Linear(hidden, 3));
 }
 
-tandem::DataParallelOptions small_buckets() {
-  tandem::DataParallelOptions options;
+tandem::DistributedDataParallelOptions small_buckets() {
+  tandem::DistributedDataParallelOptions options;
   options.bucket_cap_mb = 0.002;
   options.first_bucket_cap_mb = 0.0005;
   return options;
@@ -62,8 +62,8 @@ uint64_t fnv1a(const std::vector<at::Tensor>& tensors) {
 int train(tandem::Communicator& comm, int steps) {
   // Seeded by rank: the construction broadcast must make the replicas equal.
   auto model = make_mlp(1 + comm.rank());
-  tandem::DataParallel ddp(model, std::shared_ptr<tandem::Communicator>(&comm, [](auto*) {}),
-                           small_buckets());
+  tandem::DistributedDataParallel ddp(
+      model, std::shared_ptr<tandem::Communicator>(&comm, [](auto*) {}), small_buckets());
   std::printf("BUCKETS %zu\n", ddp.reducer().bucket_plan().size());
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
   for (int step = 0; step < steps; ++step) {
@@ -88,8 +88,8 @@ int check_grads(tandem::Communicator& comm) {
   torch::mse_loss(reference->forward(x), y).backward();
 
   auto model = make_mlp(0);
-  tandem::DataParallel ddp(model, std::shared_ptr<tandem::Communicator>(&comm, [](auto*) {}),
-                           small_buckets());
+  tandem::DistributedDataParallel ddp(
+      model, std::shared_ptr<tandem::Communicator>(&comm, [](auto*) {}), small_buckets());
   const int64_t n = kGlobalBatch / world;
   torch::mse_loss(ddp(x.narrow(0, comm.rank() * n, n)), y.narrow(0, comm.rank() * n, n))
       .backward();
@@ -117,7 +117,8 @@ int check_grads(tandem::Communicator& comm) {
 
 int mismatch(tandem::Communicator& comm) {
   auto model = make_mlp(0, comm.rank() == 1 ? 33 : 32);
-  tandem::DataParallel ddp(model, std::shared_ptr<tandem::Communicator>(&comm, [](auto*) {}));
+  tandem::DistributedDataParallel ddp(model,
+                                      std::shared_ptr<tandem::Communicator>(&comm, [](auto*) {}));
   std::printf("no error although rank 1 holds a different model\n");
   return 1;
 }

@@ -1,7 +1,7 @@
 // Collectives across real processes: a 4-rank run through tandemrun, and the failure cases with
 // workers started directly (tandemrun would stop the survivors, hiding the error they raise).
-#include "process_env.h"
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
+#include "tests/multiprocess/process_env.h"
 
 #include <gtest/gtest.h>
 

@@ -2,7 +2,7 @@
 // torchrun environment of one rank.
 #pragma once
 
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

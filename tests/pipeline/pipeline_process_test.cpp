@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "process_env.h"
-#include "tandemrun_process.h"
+#include "tests/launcher/tandemrun_process.h"
+#include "tests/multiprocess/process_env.h"
 
 namespace tandem {
 namespace {

@@ -6,7 +6,7 @@
 //
 // Models and data are made on the test's main thread (torch::manual_seed is process-global).
 #include <gtest/gtest.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <torch/torch.h>
 
@@ -14,7 +14,7 @@
 #include <map>
 #include <mutex>
 
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
 namespace tandem {
 namespace {

@@ -15,7 +15,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "worker_main.h"
+#include "tests/multiprocess/worker_main.h"
 
 namespace {
 

@@ -1,7 +1,7 @@
 // Merging rank timelines, the summary and the SVG picture, on crafted traces with known fractions (exact), plus
 // tandemrun's --trace-dir helpers. Torch-free.
 #include <gtest/gtest.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <unistd.h>
 
@@ -12,10 +12,10 @@
 #include <set>
 #include <string>
 
-#include "launcher_trace.h"
-#include "trace_merge.h"
-#include "trace_summary.h"
-#include "trace_svg.h"
+#include "tools/tandem-trace/trace_merge.h"
+#include "tools/tandem-trace/trace_summary.h"
+#include "tools/tandem-trace/trace_svg.h"
+#include "tools/tandemrun/launcher_trace.h"
 
 namespace tandem::trace {
 namespace {

@@ -1,8 +1,9 @@
 // ProgressLogger: the progress line and the JSON-lines file, with an injected clock.
 #include <gtest/gtest.h>
-#include <tandem/checkpoint/json.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 #include <tandem/runtime/metrics.h>
+
+#include "base/json.h"
 
 #include <unistd.h>
 

@@ -1,10 +1,11 @@
 // The timeline recorder: nothing while disabled, nesting, threads, the event cap, output format.
 #include <gtest/gtest.h>
-#include <tandem/checkpoint/json.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
 #include <tandem/memory/cpu_allocator.h>
 #include <tandem/memory/memory_resource.h>
-#include <tandem/runtime/trace.h>
+
+#include "base/json.h"
 
 #include <pthread.h>
 #include <unistd.h>
@@ -210,15 +211,15 @@ TEST(TraceRecorder, AllocatorCountersOnlyWhenAskedAndRateLimited) {
   ASSERT_NE(resource, nullptr);
   void* block = resource->allocate(1 << 20);  // something to count
   start(options_for(dir.path() + "/off"), 0);  // allocator_events off
-  sample_allocator(0);
+  memory::sample_allocator_counter(0);
   EXPECT_TRUE(events_with(read_json(stop()), "C").empty());
 
   TraceOptions with = options_for(dir.path() + "/on");
   with.allocator_events = true;
   start(with, 0);
   EXPECT_TRUE(allocator_events());
-  sample_allocator(0);
-  sample_allocator(int64_t{1} << 50);  // within the interval: skipped
+  memory::sample_allocator_counter(0);
+  memory::sample_allocator_counter(int64_t{1} << 50);  // within the interval: skipped
   const JsonValue t = read_json(stop());
   resource->deallocate(block, 1 << 20);
   memory::uninstall_cpu_allocator();

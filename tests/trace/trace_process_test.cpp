@@ -1,6 +1,6 @@
-// tandemrun --trace-dir with two real worker processes training with DataParallel: the merged
-// timeline parses as JSON and holds forward, backward, bucket-reduce and collective spans from
-// both ranks; the summary is printed; rank 0 wrote the metrics file.
+// tandemrun --trace-dir with two real worker processes training with DistributedDataParallel: the
+// merged timeline parses as JSON and holds forward, backward, bucket-reduce and collective spans
+// from both ranks; the summary is printed; rank 0 wrote the metrics file.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -11,9 +11,9 @@
 #include <set>
 #include <string>
 
-#include "tandemrun_process.h"
-#include "trace_merge.h"
-#include "trace_summary.h"
+#include "tests/launcher/tandemrun_process.h"
+#include "tools/tandem-trace/trace_merge.h"
+#include "tools/tandem-trace/trace_summary.h"
 
 namespace tandem::trace {
 namespace {

@@ -1,5 +1,5 @@
-// Worker for the timeline process test: trains a small MLP with DataParallel while recording a
-// timeline (TANDEM_TRACE_DIR, as tandemrun --trace-dir sets it) and logging metrics.
+// Worker for the timeline process test: trains a small MLP with DistributedDataParallel while
+// recording a timeline (TANDEM_TRACE_DIR, as tandemrun --trace-dir sets it) and logging metrics.
 //   trace_worker STEPS [METRICS_FILE] [HIDDEN] [alternate]
 // Prints "TRACE <path>" for the file it wrote and, on rank 0, "STEP_US_MEDIAN <us>" (the median
 // step time).
@@ -8,7 +8,7 @@
 // spans). With `alternate` (for the overhead figure in docs/timeline.md) tracing is switched
 // on and off every 10 steps (off first: warm-up untraced) in the same process and rank 0 prints
 // "STEP_US_MEDIAN off <us> on <us>"; exit codes as worker_main.h.
-#include "worker_main.h"
+#include "tests/multiprocess/worker_main.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
@@ -93,10 +93,10 @@ int main(int argc, char** argv) {
     auto model = torch::nn::Sequential(torch::nn::Linear(16, hidden), torch::nn::ReLU(),
                                        torch::nn::Linear(hidden, hidden), torch::nn::Tanh(),
                                        torch::nn::Linear(hidden, 4));
-    tandem::DataParallelOptions options;
+    tandem::DistributedDataParallelOptions options;
     options.bucket_cap_mb = 0.01;  // several buckets
     options.first_bucket_cap_mb = 0.002;
-    tandem::DataParallel ddp(model, dist.world, options);
+    tandem::DistributedDataParallel ddp(model, dist.world, options);
     torch::optim::SGD opt(model->parameters(), 0.01);
     tandem::MetricsOptions metrics;
     metrics.log_every = 2;

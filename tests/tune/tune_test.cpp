@@ -1,15 +1,15 @@
 // tandem-tune's logic (runtime/tune/tune_plan.h): grid parsing and expansion, validation through
 // the config registry, trial command lines, throughput from metrics files, table and best YAML.
 #include <gtest/gtest.h>
-#include <tandem/config/config.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
+#include <tandem/runtime/config.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
-#include "tune_plan.h"
+#include "tools/tandem-tune/tune_plan.h"
 
 namespace tandem::tune {
 namespace {

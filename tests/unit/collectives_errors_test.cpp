@@ -1,7 +1,7 @@
 // Bad input gets a clear error at the call; hung, dead and missing peers raise within the timeout.
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 

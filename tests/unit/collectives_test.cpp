@@ -1,6 +1,6 @@
 // Every collective x dtype x world size 1-4 against a reference computed locally, with ranks as
 // threads over one HashStore.
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
 #include <tandem/collectives/communicator.h>
 

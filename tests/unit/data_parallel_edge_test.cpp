@@ -1,6 +1,6 @@
-// DataParallel edge cases, ranks as threads: unused parameters, buffers, mismatched models,
-// skipped backwards, construction errors and module holders.
-#include "data_parallel_test_util.h"
+// DistributedDataParallel edge cases, ranks as threads: unused parameters, buffers, mismatched
+// models, skipped backwards, construction errors and module holders.
+#include "tests/unit/data_parallel_test_util.h"
 
 namespace tandem {
 namespace {
@@ -8,7 +8,7 @@ namespace {
 // ---------------------------------------------------------------------------------------------
 // 5. Unused parameters. Parametrised by world size and gradient_as_bucket_view.
 
-class DataParallelUnused : public ::testing::TestWithParam<std::tuple<int, bool>> {
+class DistributedDataParallelUnused : public ::testing::TestWithParam<std::tuple<int, bool>> {
  protected:
   void SetUp() override { at::set_num_threads(1); }
 };
@@ -18,7 +18,8 @@ std::string unused_name(const ::testing::TestParamInfo<std::tuple<int, bool>>& i
          (std::get<1>(info.param) ? "_view" : "_copy");
 }
 
-TEST_P(DataParallelUnused, BranchUsedOnSomeRanksIsAveragedAndGloballyUnusedStaysUndefined) {
+TEST_P(DistributedDataParallelUnused,
+       BranchUsedOnSomeRanksIsAveragedAndGloballyUnusedStaysUndefined) {
   const int world = std::get<0>(GetParam());
   const bool as_view = std::get<1>(GetParam());
   const int64_t n = 4;
@@ -33,10 +34,10 @@ TEST_P(DataParallelUnused, BranchUsedOnSomeRanksIsAveragedAndGloballyUnusedStays
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallelOptions options = small_buckets();
+    DistributedDataParallelOptions options = small_buckets();
     options.find_unused_parameters = true;
     options.gradient_as_bucket_view = as_view;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     const Batch b = make_batch(n, seed_of(comm.rank(), 0), 6, 3);
     for (int iter = 0; iter < 3; ++iter) {  // before and after the rebuild
       torch::mse_loss(ddp(b.x, uses_branch(comm.rank())), b.y).backward();
@@ -47,7 +48,8 @@ TEST_P(DataParallelUnused, BranchUsedOnSomeRanksIsAveragedAndGloballyUnusedStays
   }, timeout_of(20s));
 }
 
-TEST_P(DataParallelUnused, NoSyncAccumulationReducesParametersUsedOnlyInEarlierMicroSteps) {
+TEST_P(DistributedDataParallelUnused,
+       NoSyncAccumulationReducesParametersUsedOnlyInEarlierMicroSteps) {
   // Micro-step 0 uses the branch on every rank, micro-step 1 on odd ranks, the synchronised
   // micro-step 2 on none: the branch's accumulated gradient must still be averaged.
   const int world = std::get<0>(GetParam());
@@ -71,11 +73,11 @@ TEST_P(DataParallelUnused, NoSyncAccumulationReducesParametersUsedOnlyInEarlierM
     const int rank = comm.rank();
     auto model = models[rank];
     auto codec = std::make_shared<RecordingCodec>();
-    DataParallelOptions options = small_buckets();
+    DistributedDataParallelOptions options = small_buckets();
     options.find_unused_parameters = true;
     options.gradient_as_bucket_view = as_view;
     options.codec = codec;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     for (int round = 0; round < 2; ++round) {
       {
         auto guard = ddp.no_sync();
@@ -95,7 +97,7 @@ TEST_P(DataParallelUnused, NoSyncAccumulationReducesParametersUsedOnlyInEarlierM
   }, timeout_of(20s));
 }
 
-TEST_P(DataParallelUnused, ForwardWithoutBackwardLeavesExistingGradsAlone) {
+TEST_P(DistributedDataParallelUnused, ForwardWithoutBackwardLeavesExistingGradsAlone) {
   // backward, then an evaluation forward in grad mode that skips the branch (no backward), then
   // the optimizer step: .grad must still hold the averaged gradients of the backward, in both
   // gradient modes.
@@ -110,10 +112,10 @@ TEST_P(DataParallelUnused, ForwardWithoutBackwardLeavesExistingGradsAlone) {
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallelOptions options = small_buckets();
+    DistributedDataParallelOptions options = small_buckets();
     options.find_unused_parameters = true;
     options.gradient_as_bucket_view = as_view;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     for (int iter = 0; iter < 3; ++iter) {
       const std::string where =
           "rank " + std::to_string(comm.rank()) + " iteration " + std::to_string(iter);
@@ -126,19 +128,19 @@ TEST_P(DataParallelUnused, ForwardWithoutBackwardLeavesExistingGradsAlone) {
   }, timeout_of(20s));
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, DataParallelUnused,
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedDataParallelUnused,
                          ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
                          unused_name);
 
 // ---------------------------------------------------------------------------------------------
 // 7. Buffers.
 
-class DataParallelBuffers : public ::testing::TestWithParam<std::tuple<int, bool>> {
+class DistributedDataParallelBuffers : public ::testing::TestWithParam<std::tuple<int, bool>> {
  protected:
   void SetUp() override { at::set_num_threads(1); }
 };
 
-TEST_P(DataParallelBuffers, ForwardBroadcastsRankZerosBuffersOnlyWhenAsked) {
+TEST_P(DistributedDataParallelBuffers, ForwardBroadcastsRankZerosBuffersOnlyWhenAsked) {
   const int world = std::get<0>(GetParam());
   const bool broadcast = std::get<1>(GetParam());
   std::vector<std::shared_ptr<WithBuffersImpl>> models;
@@ -151,9 +153,9 @@ TEST_P(DataParallelBuffers, ForwardBroadcastsRankZerosBuffersOnlyWhenAsked) {
   run_ranks(world, [&](Communicator& comm) {
     const int rank = comm.rank();
     auto model = models[rank];
-    DataParallelOptions options;
+    DistributedDataParallelOptions options;
     options.broadcast_buffers = broadcast;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     // Construction always starts every replica from rank 0's parameters and buffers.
     EXPECT_TRUE(same_on_all_ranks(comm, state_bytes(*model, /*with_buffers=*/true)));
     EXPECT_TRUE(at::equal(model->shift, at::full({4}, 1.0f)));
@@ -189,18 +191,17 @@ TEST_P(DataParallelBuffers, ForwardBroadcastsRankZerosBuffersOnlyWhenAsked) {
   }, timeout_of(20s));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WorldSizes, DataParallelBuffers,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) +
-             (std::get<1>(info.param) ? "_broadcast" : "_local");
-    });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedDataParallelBuffers,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_broadcast" : "_local");
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // 8. Mismatched models.
 
-class DataParallelMismatch : public ::testing::TestWithParam<int> {};
+class DistributedDataParallelMismatch : public ::testing::TestWithParam<int> {};
 
 // Rank 1 builds `odd`, the others `normal`: every rank's constructor must throw ConfigError whose
 // message contains every string of `needles`, without hanging.
@@ -213,7 +214,7 @@ void expect_mismatch(int world, const std::function<std::shared_ptr<MlpImpl>()>&
   const auto start = Clock::now();
   run_ranks(world, [&](Communicator& comm) {
     try {
-      DataParallel ddp(models[comm.rank()], borrow(comm));
+      DistributedDataParallel ddp(models[comm.rank()], borrow(comm));
       ADD_FAILURE() << "rank " << comm.rank() << " accepted a mismatched model";
     } catch (const ConfigError& e) {
       ++raised;
@@ -228,14 +229,14 @@ void expect_mismatch(int world, const std::function<std::shared_ptr<MlpImpl>()>&
   EXPECT_LT(std::chrono::duration<double>(Clock::now() - start).count(), 5.0);
 }
 
-TEST_P(DataParallelMismatch, DifferentShapeFailsOnEveryRank) {
+TEST_P(DistributedDataParallelMismatch, DifferentShapeFailsOnEveryRank) {
   expect_mismatch(
       GetParam(), [] { return make_model<MlpImpl>(0); }, [] { return make_model<MlpImpl>(0, 17); },
       {"first difference at parameter #4", "rank 0 'fc2.weight [16, 16] Float'",
        "rank 1 'fc2.weight [17, 16] Float'"});
 }
 
-TEST_P(DataParallelMismatch, DifferentParameterCountFailsOnEveryRank) {
+TEST_P(DistributedDataParallelMismatch, DifferentParameterCountFailsOnEveryRank) {
   expect_mismatch(
       GetParam(), [] { return make_model<MlpImpl>(0); },
       [] { return make_model<MlpImpl>(0, 16, true); },
@@ -243,7 +244,7 @@ TEST_P(DataParallelMismatch, DifferentParameterCountFailsOnEveryRank) {
        "rank 0 '(none)'", "rank 1 'extra.weight [4, 4] Float'"});
 }
 
-TEST_P(DataParallelMismatch, DifferentDtypeFailsOnEveryRank) {
+TEST_P(DistributedDataParallelMismatch, DifferentDtypeFailsOnEveryRank) {
   expect_mismatch(
       GetParam(), [] { return make_model<MlpImpl>(0); },
       [] {
@@ -255,17 +256,18 @@ TEST_P(DataParallelMismatch, DifferentDtypeFailsOnEveryRank) {
        "rank 1 'mix [2, 2, 2] Double'"});
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, DataParallelMismatch, ::testing::Values(2, 3, 4), world_name);
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedDataParallelMismatch, ::testing::Values(2, 3, 4),
+                         world_name);
 
 // ---------------------------------------------------------------------------------------------
 // 9. Skipped backwards.
 
-class DataParallelSkipped : public ::testing::TestWithParam<std::tuple<int, bool>> {
+class DistributedDataParallelSkipped : public ::testing::TestWithParam<std::tuple<int, bool>> {
  protected:
   void SetUp() override { at::set_num_threads(1); }
 };
 
-TEST_P(DataParallelSkipped, ForwardsWithoutBackwardDoNotDisturbTheNextStep) {
+TEST_P(DistributedDataParallelSkipped, ForwardsWithoutBackwardDoNotDisturbTheNextStep) {
   const int world = std::get<0>(GetParam());
   const bool find_unused = std::get<1>(GetParam());
   const int64_t n = 4;
@@ -278,9 +280,9 @@ TEST_P(DataParallelSkipped, ForwardsWithoutBackwardDoNotDisturbTheNextStep) {
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallelOptions options = small_buckets();
+    DistributedDataParallelOptions options = small_buckets();
     options.find_unused_parameters = find_unused;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     const Batch b = make_batch(n, seed_of(comm.rank(), 0), 6, 3);
     int trained = 0;
     for (const std::string action :
@@ -304,36 +306,37 @@ TEST_P(DataParallelSkipped, ForwardsWithoutBackwardDoNotDisturbTheNextStep) {
   }, timeout_of(20s));
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    WorldSizes, DataParallelSkipped,
-    ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
-    [](const auto& info) {
-      return "world" + std::to_string(std::get<0>(info.param)) +
-             (std::get<1>(info.param) ? "_find_unused" : "_all_used");
-    });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedDataParallelSkipped,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4), ::testing::Bool()),
+                         [](const auto& info) {
+                           return "world" + std::to_string(std::get<0>(info.param)) +
+                                  (std::get<1>(info.param) ? "_find_unused" : "_all_used");
+                         });
 
 // ---------------------------------------------------------------------------------------------
 // Construction errors and module holders.
 
-TEST(DataParallel, NullModuleOrCommunicatorIsAConfigError) {
+TEST(DistributedDataParallel, NullModuleOrCommunicatorIsAConfigError) {
   run_ranks(1, [](Communicator& comm) {
-    EXPECT_THROW(DataParallel(std::shared_ptr<MlpImpl>(), borrow(comm)), ConfigError);
-    EXPECT_THROW(DataParallel(std::make_shared<MlpImpl>(), std::shared_ptr<Communicator>()),
-                 ConfigError);
-    DataParallelOptions zero_cap;
+    EXPECT_THROW(DistributedDataParallel(std::shared_ptr<MlpImpl>(), borrow(comm)), ConfigError);
+    EXPECT_THROW(
+        DistributedDataParallel(std::make_shared<MlpImpl>(), std::shared_ptr<Communicator>()),
+        ConfigError);
+    DistributedDataParallelOptions zero_cap;
     zero_cap.bucket_cap_mb = 0;
-    EXPECT_THROW(DataParallel(std::make_shared<MlpImpl>(), borrow(comm), zero_cap), ConfigError);
+    EXPECT_THROW(DistributedDataParallel(std::make_shared<MlpImpl>(), borrow(comm), zero_cap),
+                 ConfigError);
   });
 }
 
-TEST(DataParallel, AcceptsModuleHoldersAndSkipsFrozenParameters) {
+TEST(DistributedDataParallel, AcceptsModuleHoldersAndSkipsFrozenParameters) {
   at::set_num_threads(1);
   torch::manual_seed(0);
   torch::nn::Sequential seq(torch::nn::Linear(3, 4), torch::nn::ReLU(), torch::nn::Linear(4, 2));
   seq[0]->as<torch::nn::Linear>()->weight.set_requires_grad(false);  // frozen
   const auto x = at::randn({5, 3});
   run_ranks(1, [&](Communicator& comm) {
-    DataParallel ddp(seq, borrow(comm));
+    DistributedDataParallel ddp(seq, borrow(comm));
     EXPECT_EQ(ddp.reducer().parameter_names(),
               (std::vector<std::string>{"0.bias", "2.weight", "2.bias"}));
     ddp(x).sum().backward();

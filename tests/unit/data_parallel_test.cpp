@@ -1,8 +1,8 @@
-// DataParallel for world sizes 1-4, ranks as threads: averaged gradients against single-process
-// references, replicas bitwise equal after training, the one-time bucket rebuild,
+// DistributedDataParallel for world sizes 1-4, ranks as threads: averaged gradients against
+// single-process references, replicas bitwise equal after training, the one-time bucket rebuild,
 // gradient_as_bucket_view, no_sync, custom codecs and construction. Edge cases (unused
 // parameters, buffers, mismatched models, skipped backwards) are in data_parallel_edge_test.cpp.
-#include "data_parallel_test_util.h"
+#include "tests/unit/data_parallel_test_util.h"
 
 namespace tandem {
 namespace {
@@ -38,7 +38,7 @@ at::Tensor flat_plan(const std::vector<std::vector<int64_t>>& plan) {
 // ---------------------------------------------------------------------------------------------
 // 1. One step equals the single-process full batch.
 
-TEST_P(DataParallelWorlds, OneStepEqualsSingleProcessFullBatch) {
+TEST_P(DistributedDataParallelWorlds, OneStepEqualsSingleProcessFullBatch) {
   const int world = GetParam();
   const int64_t global_batch = 24;
   const Batch data = make_batch(global_batch, 7);
@@ -49,7 +49,7 @@ TEST_P(DataParallelWorlds, OneStepEqualsSingleProcessFullBatch) {
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallel ddp(model, borrow(comm), small_buckets());
+    DistributedDataParallel ddp(model, borrow(comm), small_buckets());
     EXPECT_GT(ddp.reducer().bucket_plan().size(), 2u);
     expect_valid_plan(ddp.reducer().bucket_plan(), model->parameters(), "initial plan");
     const int64_t n = global_batch / world;
@@ -64,14 +64,14 @@ TEST_P(DataParallelWorlds, OneStepEqualsSingleProcessFullBatch) {
 // ---------------------------------------------------------------------------------------------
 // 2. Training keeps the replicas bitwise equal.
 
-TEST_P(DataParallelWorlds, TwentySgdStepsKeepReplicasBitwiseEqual) {
+TEST_P(DistributedDataParallelWorlds, TwentySgdStepsKeepReplicasBitwiseEqual) {
   const int world = GetParam();
   std::vector<std::shared_ptr<MlpImpl>> models;
   for (int r = 0; r < world; ++r) models.push_back(make_model<MlpImpl>(100 + r));  // differ
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallel ddp(model, borrow(comm), small_buckets());
+    DistributedDataParallel ddp(model, borrow(comm), small_buckets());
     EXPECT_TRUE(same_on_all_ranks(comm, state_bytes(*model))) << "after construction";
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
     for (int step = 0; step < 20; ++step) {
@@ -87,7 +87,7 @@ TEST_P(DataParallelWorlds, TwentySgdStepsKeepReplicasBitwiseEqual) {
 // ---------------------------------------------------------------------------------------------
 // 3. The one-time bucket rebuild.
 
-TEST_P(DataParallelWorlds, BucketsRebuildOnceAndResultsStayCorrect) {
+TEST_P(DistributedDataParallelWorlds, BucketsRebuildOnceAndResultsStayCorrect) {
   const int world = GetParam();
   const Batch data = make_batch(12, 11);
   auto reference = make_model<MlpImpl>(0);
@@ -97,7 +97,7 @@ TEST_P(DataParallelWorlds, BucketsRebuildOnceAndResultsStayCorrect) {
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallel ddp(model, borrow(comm), small_buckets());
+    DistributedDataParallel ddp(model, borrow(comm), small_buckets());
     const int64_t n = 12 / world;
     const Batch local = data.rows(comm.rank() * n, n);
     for (int iter = 0; iter < 3; ++iter) {
@@ -117,7 +117,7 @@ TEST_P(DataParallelWorlds, BucketsRebuildOnceAndResultsStayCorrect) {
   }, timeout_of(20s));
 }
 
-TEST_P(DataParallelWorlds, RebuildTakesRankZerosGradientOrder) {
+TEST_P(DistributedDataParallelWorlds, RebuildTakesRankZerosGradientOrder) {
   // Rank 0 evaluates branch a first, the others b first: their first backwards see different
   // gradient orders, yet every rank must build rank 0's plan.
   const int world = GetParam();
@@ -132,10 +132,10 @@ TEST_P(DataParallelWorlds, RebuildTakesRankZerosGradientOrder) {
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallelOptions options;
+    DistributedDataParallelOptions options;
     options.bucket_cap_mb = 1e-6;  // one parameter per bucket
     options.first_bucket_cap_mb = 1e-6;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     const Batch local = data.rows(comm.rank() * n, n);
     for (int iter = 0; iter < 3; ++iter) {
       torch::mse_loss(ddp(local.x, comm.rank() == 0), local.y).backward();
@@ -154,7 +154,7 @@ TEST_P(DataParallelWorlds, RebuildTakesRankZerosGradientOrder) {
 // ---------------------------------------------------------------------------------------------
 // 4. gradient_as_bucket_view.
 
-TEST_P(DataParallelWorlds, GradientAsBucketViewMatchesCopiesAndKeepsGradsInBuckets) {
+TEST_P(DistributedDataParallelWorlds, GradientAsBucketViewMatchesCopiesAndKeepsGradsInBuckets) {
   const int world = GetParam();
   const auto plain_models = make_replicas<MlpImpl>(world, 0);
   const auto view_models = make_replicas<MlpImpl>(world, 0);
@@ -163,14 +163,14 @@ TEST_P(DataParallelWorlds, GradientAsBucketViewMatchesCopiesAndKeepsGradsInBucke
     const int rank = comm.rank();
     auto plain_model = plain_models[rank];
     auto view_model = view_models[rank];
-    DataParallelOptions copies = small_buckets();
+    DistributedDataParallelOptions copies = small_buckets();
     copies.gradient_as_bucket_view = false;
-    DataParallel plain(plain_model, borrow(comm), copies);
+    DistributedDataParallel plain(plain_model, borrow(comm), copies);
     auto codec = std::make_shared<RecordingCodec>();
-    DataParallelOptions options = small_buckets();
+    DistributedDataParallelOptions options = small_buckets();
     options.gradient_as_bucket_view = true;
     options.codec = codec;
-    DataParallel view(view_model, borrow(comm), options);
+    DistributedDataParallel view(view_model, borrow(comm), options);
     torch::optim::SGD plain_opt(plain_model->parameters(),
                                 torch::optim::SGDOptions(0.1).momentum(0.9));
     torch::optim::SGD view_opt(view_model->parameters(),
@@ -217,14 +217,14 @@ TEST_P(DataParallelWorlds, GradientAsBucketViewMatchesCopiesAndKeepsGradsInBucke
   }, timeout_of(20s));
 }
 
-TEST_P(DataParallelWorlds, WithoutFindUnusedTheNextForwardNamesTheUnusedParameters) {
+TEST_P(DistributedDataParallelWorlds, WithoutFindUnusedTheNextForwardNamesTheUnusedParameters) {
   // The layer `unused` takes no part on any rank: every rank launches the same (no) buckets and
   // raises at its next forward, naming the parameters that never became ready.
   const int world = GetParam();
   const auto models = make_replicas<BranchyImpl>(world, 0);
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallel ddp(model, borrow(comm), small_buckets());
+    DistributedDataParallel ddp(model, borrow(comm), small_buckets());
     const Batch b = make_batch(4, seed_of(comm.rank(), 0), 6, 3);
     const auto start = Clock::now();
     torch::mse_loss(ddp(b.x, true), b.y).backward();
@@ -246,7 +246,7 @@ TEST_P(DataParallelWorlds, WithoutFindUnusedTheNextForwardNamesTheUnusedParamete
 // ---------------------------------------------------------------------------------------------
 // 6. no_sync.
 
-TEST_P(DataParallelWorlds, NoSyncMicroStepsThenSyncEqualOneFullBatchStep) {
+TEST_P(DistributedDataParallelWorlds, NoSyncMicroStepsThenSyncEqualOneFullBatchStep) {
   const int world = GetParam();
   const int micro = 4;  // 3 under no_sync, 1 synchronised
   const int64_t m_rows = 3;
@@ -260,9 +260,9 @@ TEST_P(DataParallelWorlds, NoSyncMicroStepsThenSyncEqualOneFullBatchStep) {
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
     auto codec = std::make_shared<RecordingCodec>();
-    DataParallelOptions options = small_buckets();
+    DistributedDataParallelOptions options = small_buckets();
     options.codec = codec;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     auto micro_batch = [&](int m) { return data.rows((comm.rank() * micro + m) * m_rows, m_rows); };
     for (int round = 0; round < 2; ++round) {
       {
@@ -283,7 +283,7 @@ TEST_P(DataParallelWorlds, NoSyncMicroStepsThenSyncEqualOneFullBatchStep) {
   }, timeout_of(20s));
 }
 
-TEST_P(DataParallelWorlds, SkippedBackwardWithABranchUnusedOnSomeRanks) {
+TEST_P(DistributedDataParallelWorlds, SkippedBackwardWithABranchUnusedOnSomeRanks) {
   // find_unused_parameters with a branch only even ranks use; the first forward is not followed
   // by backward (e.g. an evaluation in grad mode), then training goes on.
   const int world = GetParam();
@@ -298,11 +298,11 @@ TEST_P(DataParallelWorlds, SkippedBackwardWithABranchUnusedOnSomeRanks) {
 
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallelOptions options;
+    DistributedDataParallelOptions options;
     options.bucket_cap_mb = 1e-6;  // one parameter per bucket
     options.first_bucket_cap_mb = 1e-6;
     options.find_unused_parameters = true;
-    DataParallel ddp(model, borrow(comm), options);
+    DistributedDataParallel ddp(model, borrow(comm), options);
     const Batch b = make_batch(n, seed_of(comm.rank(), 0), 6, 3);
     ddp(b.x, uses_branch(comm.rank()));  // no backward
     for (int iter = 0; iter < 2; ++iter) {
@@ -317,7 +317,7 @@ TEST_P(DataParallelWorlds, SkippedBackwardWithABranchUnusedOnSomeRanks) {
 // ---------------------------------------------------------------------------------------------
 // 10. Codec hook.
 
-TEST_P(DataParallelWorlds, CodecSeesEveryBucketEveryStepAndAveragingStillHolds) {
+TEST_P(DistributedDataParallelWorlds, CodecSeesEveryBucketEveryStepAndAveragingStillHolds) {
   const int world = GetParam();
   const int64_t global_batch = 12;
   const Batch data = make_batch(global_batch, 13);
@@ -331,9 +331,9 @@ TEST_P(DataParallelWorlds, CodecSeesEveryBucketEveryStepAndAveragingStillHolds) 
       auto model = models[comm.rank()];
       model->zero_grad();
       auto codec = std::make_shared<RecordingCodec>(sum_then_divide);
-      DataParallelOptions options = small_buckets();
+      DistributedDataParallelOptions options = small_buckets();
       options.codec = codec;
-      DataParallel ddp(model, borrow(comm), options);
+      DistributedDataParallel ddp(model, borrow(comm), options);
       EXPECT_EQ(&ddp.reducer().codec(), codec.get());
       const auto params = model->parameters();
       const int64_t n = global_batch / world;
@@ -374,7 +374,7 @@ TEST_P(DataParallelWorlds, CodecSeesEveryBucketEveryStepAndAveragingStillHolds) 
   }
 }
 
-TEST_P(DataParallelWorlds, ConstructionMakesEveryParameterEqualFrozenOnesIncluded) {
+TEST_P(DistributedDataParallelWorlds, ConstructionMakesEveryParameterEqualFrozenOnesIncluded) {
   // Replicas built with different seeds, one layer frozen (requires_grad = false, as when
   // fine-tuning): after construction every replica must hold rank 0's parameters, all of them.
   const int world = GetParam();
@@ -385,7 +385,7 @@ TEST_P(DataParallelWorlds, ConstructionMakesEveryParameterEqualFrozenOnesInclude
   }
   run_ranks(world, [&](Communicator& comm) {
     auto model = models[comm.rank()];
-    DataParallel ddp(model, borrow(comm), small_buckets());
+    DistributedDataParallel ddp(model, borrow(comm), small_buckets());
     EXPECT_EQ(ddp.reducer().parameter_names().size(), model->parameters().size() - 1);
     EXPECT_TRUE(same_on_all_ranks(comm, state_bytes(*model)))
         << "rank " << comm.rank() << ": replicas differ after construction";
@@ -394,7 +394,7 @@ TEST_P(DataParallelWorlds, ConstructionMakesEveryParameterEqualFrozenOnesInclude
   }, timeout_of(20s));
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, DataParallelWorlds, ::testing::Values(1, 2, 3, 4),
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedDataParallelWorlds, ::testing::Values(1, 2, 3, 4),
                          world_name);
 
 }  // namespace

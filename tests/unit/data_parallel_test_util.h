@@ -1,14 +1,15 @@
-// Shared by the DataParallel tests (data_parallel_test.cpp, data_parallel_edge_test.cpp): small
-// models with several shapes and dtypes, batches, single-process references, byte comparisons
-// across ranks, a recording codec and the world-size fixture. Ranks run as threads over one
-// HashStore. Models and data are made on the test's main thread (torch::manual_seed is
-// process-global, so seeding from rank threads would race); rank threads only run DataParallel.
+// Shared by the DistributedDataParallel tests (data_parallel_test.cpp,
+// data_parallel_edge_test.cpp): small models with several shapes and dtypes, batches,
+// single-process references, byte comparisons across ranks, a recording codec and the world-size
+// fixture. Ranks run as threads over one HashStore. Models and data are made on the test's main
+// thread (torch::manual_seed is process-global, so seeding from rank threads would race); rank
+// threads only run DistributedDataParallel.
 #pragma once
 
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
-#include <tandem/errors.h>
-#include <tandem/runtime/data_parallel.h>
+#include <tandem/base/errors.h>
+#include <tandem/runtime/distributed_data_parallel.h>
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
@@ -153,8 +154,8 @@ GlooOptions timeout_of(std::chrono::milliseconds timeout) {
 }
 
 // Several buckets for the tiny models here (the first closes at 209 bytes, the others at 1 KiB).
-DataParallelOptions small_buckets() {
-  DataParallelOptions options;
+DistributedDataParallelOptions small_buckets() {
+  DistributedDataParallelOptions options;
   options.bucket_cap_mb = 0.001;
   options.first_bucket_cap_mb = 0.0002;
   return options;
@@ -169,8 +170,8 @@ std::vector<at::Tensor> grads_of(torch::nn::Module& m) {
   return grads;
 }
 
-// Gradients of sum_r loss(model, r) / world in one process: what DataParallel's average of the
-// ranks' local gradients must equal.
+// Gradients of sum_r loss(model, r) / world in one process: what DistributedDataParallel's average
+// of the ranks' local gradients must equal.
 template <class M, class LossOfRank>
 std::vector<at::Tensor> averaged_reference(M& model, int world, LossOfRank loss_of_rank) {
   model.zero_grad();
@@ -316,11 +317,10 @@ std::string world_name(const ::testing::TestParamInfo<int>& info) {
   return "world" + std::to_string(info.param);
 }
 
-class DataParallelWorlds : public ::testing::TestWithParam<int> {
+class DistributedDataParallelWorlds : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override { at::set_num_threads(1); }
 };
-
 
 }  // namespace
 }  // namespace tandem

@@ -1,5 +1,5 @@
 // The launcher environment contract: values, defaults, and the documented error messages.
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 #include <tandem/runtime/dist_env.h>
 
 #include <gtest/gtest.h>

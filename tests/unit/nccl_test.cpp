@@ -1,8 +1,8 @@
 // NCCL communicator on a real GPU (ctest label `gpu`): skipped without a CUDA device or without a
 // CUDA-enabled libtorch. One GPU allows one rank per process: these tests run a world of one
 // (NCCL refuses two ranks on one device).
+#include <tandem/base/errors.h>
 #include <tandem/collectives/nccl_communicator.h>
-#include <tandem/errors.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 

@@ -1,9 +1,9 @@
 // Reducer on its own: the pure bucket planner, argument checks, and averaging of plain leaf
 // tensors with ranks as threads (world sizes 1-4).
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
-#include <tandem/collectives/reducer.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
+#include <tandem/runtime/reducer.h>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>

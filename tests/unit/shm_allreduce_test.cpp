@@ -8,11 +8,11 @@
 // Whether shared memory is in use is observed from outside: each engine maps one segment, which
 // shows in /proc/self/maps as "/dev/shm/tandem-shm-<creator pid>-<random> (deleted)" (the name is
 // unlinked as soon as every rank mapped it).
-#include "test_support.h"
+#include "tests/support/test_support.h"
 
+#include <tandem/base/errors.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
-#include <tandem/errors.h>
 
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>

@@ -43,7 +43,7 @@
 // its manager at the same point), and so are save(), maybe_save() that saves, and resume().
 #pragma once
 
-#include <tandem/checkpoint/file_system.h>
+#include <tandem/base/file_system.h>
 #include <tandem/checkpoint/format.h>
 
 #include <ATen/core/Generator.h>
@@ -71,7 +71,6 @@ class Optimizer;
 namespace tandem {
 
 class Communicator;
-class GradCodec;
 
 // Named tensors and values of one registered state, in a stable order.
 struct StateDict {
@@ -157,8 +156,6 @@ class CheckpointManager {
   // A random generator's state; undefined `generator`: the default CPU generator. Default: sharded.
   void add_rng(const std::string& name, at::Generator generator = {},
                Sharding sharding = Sharding::kSharded);
-  // A gradient codec's state() / load_state() tensors (error feedback, ...). Default: sharded.
-  void add_codec(const std::string& name, GradCodec& codec, Sharding sharding = Sharding::kSharded);
   // Named tensors through callbacks.
   void add_tensors(const std::string& name,
                    std::function<std::map<std::string, at::Tensor>()> get,

@@ -119,7 +119,8 @@ struct Manifest {
   int world_size = 1;
   std::vector<ManifestState> states;
   std::vector<ManifestFile> files;             // ascending rank, one per rank that wrote state
-  std::map<std::string, std::string> metadata;  // user metadata (CheckpointOptions::metadata)
+  std::map<std::string, std::string>
+      metadata;  // user metadata (ActivationCheckpointOptions::metadata)
 
   const ManifestFile* file_of_rank(int rank) const;  // nullptr when that rank wrote nothing
 };

@@ -1,6 +1,6 @@
-// Gradient compression: ready-made GradCodecs for DataParallel.
+// Gradient compression: ready-made GradCodecs for DistributedDataParallel.
 //
-//   tandem::DataParallelOptions o;
+//   tandem::DistributedDataParallelOptions o;
 //   o.codec = tandem::make_codec("powersgd", {{"rank", "4"}});     // by name, e.g. from a config
 //   o.codec = tandem::make_powersgd_codec({.rank = 4});              // or typed
 //   o.codec = tandem::make_cast_codec(at::kHalf, tandem::make_topk_codec({.ratio = 0.01}));

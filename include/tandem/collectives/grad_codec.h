@@ -10,7 +10,7 @@
 // Codecs that keep state (error-feedback residuals, low-rank factors, step counters) key it by
 // parameter index (`GradBucket::param_indices`), which is stable across the one-time bucket
 // rebuild, and expose it as named tensors (state()/load_state()) so training-state checkpoints
-// can save and restore it. A codec instance serves one communicator (one DataParallel).
+// can save and restore it. A codec instance serves one communicator (one DistributedDataParallel).
 //
 // Ready-made codecs (fp16/bf16, PowerSGD, top-k, sign, and a cast wrapper around any of them):
 // tandem/collectives/compression.h.

@@ -21,8 +21,8 @@
 #include <memory>
 #include <string>
 
-#include "tandem/memory/memory_resource.h"
-#include "tandem/memory/memory_stats.h"
+#include <tandem/memory/memory_resource.h>
+#include <tandem/memory/memory_stats.h>
 
 namespace tandem::memory {
 

@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <memory>
 
-#include "tandem/memory/host_memory_stack.h"
-#include "tandem/memory/memory_resource.h"
+#include <tandem/memory/host_memory_stack.h>
+#include <tandem/memory/memory_resource.h>
 
 namespace tandem::memory {
 
@@ -32,5 +32,10 @@ bool uninstall_cpu_allocator();
 
 // The resource libtorch's CPU allocator currently routes to, or nullptr if it is not tandem's.
 MemoryResource* installed_cpu_resource();
+
+// Records the installed resource's allocated/reserved bytes as the timeline counter "allocator"
+// when a trace session records allocator events (trace.allocator_events); at most once per
+// `min_interval_us` across threads. Cheap (one relaxed load) otherwise. Thread-safe.
+void sample_allocator_counter(std::int64_t min_interval_us = 1000);
 
 }  // namespace tandem::memory

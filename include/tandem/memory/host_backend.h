@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "tandem/memory/memory_resource.h"
+#include <tandem/memory/memory_resource.h>
 
 namespace tandem::memory {
 

@@ -6,11 +6,11 @@
 #include <cstddef>
 #include <memory>
 
-#include "tandem/memory/caching_pool.h"
-#include "tandem/memory/host_backend.h"
-#include "tandem/memory/limiting_resource.h"
-#include "tandem/memory/statistics_resource.h"
-#include "tandem/memory/tracking_resource.h"
+#include <tandem/memory/caching_pool.h>
+#include <tandem/memory/host_backend.h>
+#include <tandem/memory/limiting_resource.h>
+#include <tandem/memory/statistics_resource.h>
+#include <tandem/memory/tracking_resource.h>
 
 namespace tandem::memory {
 

@@ -11,8 +11,8 @@
 #include <unordered_set>
 #include <vector>
 
-#include "tandem/memory/snapshot.h"
-#include "tandem/memory/tracking_resource.h"
+#include <tandem/memory/snapshot.h>
+#include <tandem/memory/tracking_resource.h>
 
 namespace tandem::memory {
 

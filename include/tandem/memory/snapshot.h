@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "tandem/memory/memory_resource.h"
-#include "tandem/memory/memory_stats.h"
+#include <tandem/memory/memory_resource.h>
+#include <tandem/memory/memory_stats.h>
 
 namespace tandem::memory {
 

@@ -4,8 +4,8 @@
 #include <atomic>
 #include <cstdint>
 
-#include "tandem/memory/memory_resource.h"
-#include "tandem/memory/memory_stats.h"
+#include <tandem/memory/memory_resource.h>
+#include <tandem/memory/memory_stats.h>
 
 namespace tandem::memory {
 

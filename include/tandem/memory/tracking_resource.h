@@ -13,8 +13,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tandem/memory/memory_resource.h"
-#include "tandem/memory/snapshot.h"
+#include <tandem/memory/memory_resource.h>
+#include <tandem/memory/snapshot.h>
 
 namespace tandem::memory {
 

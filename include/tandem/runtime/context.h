@@ -3,7 +3,7 @@
 //
 //   int main(int argc, char** argv) {
 //     return tandem::run_main(argc, argv, [](tandem::Context& ctx) {
-//       tandem::DataParallel ddp(model, ctx.world(), ctx.config().ddp);
+//       tandem::DistributedDataParallel ddp(model, ctx.world(), ctx.config().ddp);
 //       for (int64_t step = 0; step < ctx.config().train.steps; ++step) { ... }
 //     });
 //   }
@@ -18,7 +18,7 @@
 // Errors: InvalidConfigError for the config, ConfigError/TimeoutError from tandem::init.
 #pragma once
 
-#include <tandem/config/config.h>
+#include <tandem/runtime/config.h>
 #include <tandem/runtime/init.h>
 
 #include <map>

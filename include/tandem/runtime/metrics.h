@@ -20,8 +20,6 @@
 // or log_every < 0.
 #pragma once
 
-#include <tandem/runtime/trace_options.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <functional>
@@ -30,6 +28,12 @@
 #include <string>
 
 namespace tandem {
+
+// Plain values the config system fills (docs/config.md).
+struct MetricsOptions {
+  int64_t log_every = 20;  // metrics.log_every: steps between progress lines (0 = none)
+  std::string file;        // metrics.file: JSON-lines metrics of rank 0 (empty = none)
+};
 
 class Reducer;
 
@@ -62,8 +66,8 @@ class ProgressLogger {
   // Call once per step. Returns the record when this step was logged (on rank 0).
   std::optional<ProgressRecord> step(int64_t step, double loss, int64_t samples);
 
-  // Overlap from a DataParallel's reducer (reducer.last_overlap_seconds()/wait). The reducer must
-  // outlive the logger.
+  // Overlap from a DistributedDataParallel's reducer (reducer.last_overlap_seconds()/wait). The
+  // reducer must outlive the logger.
   void track_overlap(const Reducer& reducer);
 
   static std::string format_line(const ProgressRecord& r);

@@ -22,7 +22,7 @@
 // Thread-safety: plain values; all functions are reentrant.
 #pragma once
 
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
 
 #include <cstdint>
 #include <string>

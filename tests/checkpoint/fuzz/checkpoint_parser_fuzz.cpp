@@ -6,9 +6,10 @@
 //     tests/checkpoint/fuzz/corpus/ in CI.
 // Contract checked: hostile input either parses or throws CheckpointError; anything else (another
 // exception, a crash, an out-of-bounds read, a parse/encode round trip that changes) aborts.
+#include <tandem/base/errors.h>
 #include <tandem/checkpoint/format.h>
-#include <tandem/checkpoint/json.h>
-#include <tandem/errors.h>
+
+#include "base/json.h"
 
 #include <cstdint>
 #include <cstdio>

@@ -3,9 +3,10 @@
 // Fails (abort or non-zero exit) if any input crashes, throws anything but CheckpointError, or breaks
 // a round trip. Also checks that files named reject-* are rejected by every parser (manifests also
 // with their checksum made right, so the structural checks behind it are what rejects them).
+#include <tandem/base/errors.h>
 #include <tandem/checkpoint/format.h>
-#include <tandem/checkpoint/json.h>
-#include <tandem/errors.h>
+
+#include "base/json.h"
 
 #include <dirent.h>
 

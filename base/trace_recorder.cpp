@@ -1,0 +1,359 @@
+// The timeline recorder (include/tandem/base/trace.h): per-thread buffers, Chrome-trace output.
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
+
+#include "base/json.h"
+
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+
+namespace tandem::trace {
+
+namespace detail {
+std::atomic<bool> g_enabled{false};
+}  // namespace detail
+
+namespace {
+
+struct Event {
+  char ph = 'X';
+  const char* category = "";
+  std::string name;
+  int64_t ts = 0;
+  int64_t dur = 0;
+  uint64_t id = 0;
+  std::string args;
+};
+
+struct ThreadBuffer {
+  static constexpr size_t kChunk = 4096;
+  std::mutex mutex;  // contended only by stop()
+  // Fixed-size chunks: growing never copies what was recorded (one big vector's regrowth did).
+  std::vector<std::vector<Event>> chunks;
+  int64_t tid = 0;
+  std::string thread_name;
+};
+
+struct Session {
+  uint64_t generation = 0;
+  int rank = 0;
+  std::string dir;
+  bool allocator_events = false;
+  int64_t max_events = 0;
+};
+
+std::mutex g_session_mutex;  // start/stop and buffer registration (once per thread per session)
+Session g_session;
+std::vector<std::shared_ptr<ThreadBuffer>> g_buffers;
+std::atomic<uint64_t> g_generation{0};
+std::atomic<int64_t> g_count{0};  // events claimed this session (recorded + dropped)
+std::atomic<int64_t> g_max{0};
+std::atomic<bool> g_allocator_events{false};
+
+int64_t steady_us(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration_cast<std::chrono::microseconds>(t.time_since_epoch()).count();
+}
+
+int64_t wall_offset_now() {
+  timespec ts{};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  const int64_t wall = static_cast<int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+  return wall - steady_us(std::chrono::steady_clock::now());
+}
+
+std::atomic<int64_t> g_wall_offset{wall_offset_now()};
+
+struct ThreadSlot {
+  uint64_t generation = 0;
+  std::shared_ptr<ThreadBuffer> buffer;
+};
+thread_local ThreadSlot t_slot;
+
+// The calling thread's buffer for the running session (registered on first use).
+ThreadBuffer* buffer_for_this_thread() {
+  const uint64_t generation = g_generation.load(std::memory_order_acquire);
+  if (t_slot.generation == generation && t_slot.buffer) return t_slot.buffer.get();
+  auto buffer = std::make_shared<ThreadBuffer>();
+  buffer->tid = static_cast<int64_t>(::syscall(SYS_gettid));
+  char name[64] = {0};
+  if (pthread_getname_np(pthread_self(), name, sizeof name) == 0) buffer->thread_name = name;
+  std::lock_guard<std::mutex> lock(g_session_mutex);
+  if (g_session.generation != generation) return nullptr;  // the session ended meanwhile
+  g_buffers.push_back(buffer);
+  t_slot.generation = generation;
+  t_slot.buffer = std::move(buffer);
+  return t_slot.buffer.get();
+}
+
+// Claims room for one event; false (and counted as dropped) over the cap.
+bool claim() {
+  return g_count.fetch_add(1, std::memory_order_relaxed) < g_max.load(std::memory_order_relaxed);
+}
+
+void record(Event&& event) {
+  if (!enabled() || !claim()) return;
+  ThreadBuffer* buffer = buffer_for_this_thread();
+  if (buffer == nullptr) return;
+  std::lock_guard<std::mutex> lock(buffer->mutex);
+  if (buffer->chunks.empty() || buffer->chunks.back().size() == ThreadBuffer::kChunk) {
+    buffer->chunks.emplace_back();
+    buffer->chunks.back().reserve(ThreadBuffer::kChunk);
+  }
+  buffer->chunks.back().push_back(std::move(event));
+}
+
+void append_event(std::string& out, const Event& e, int rank, int64_t tid) {
+  char head[160];
+  out += "{\"name\":";
+  append_json_string(out, e.name);
+  out += ",\"cat\":";
+  append_json_string(out, e.category);
+  std::snprintf(head, sizeof head, ",\"ph\":\"%c\",\"ts\":%" PRId64 ",\"pid\":%d,\"tid\":%" PRId64,
+                e.ph, e.ts, rank, tid);
+  out += head;
+  if (e.ph == 'X') out += ",\"dur\":" + std::to_string(e.dur);
+  if (e.ph == 'b' || e.ph == 'e') out += ",\"id\":" + std::to_string(e.id);
+  if (e.ph == 'i') out += ",\"s\":\"t\"";
+  out += ",\"args\":{" + e.args + "}}";
+}
+
+void append_metadata(std::string& out, const char* name, int rank, int64_t tid,
+                     const std::string& args) {
+  out += "{\"name\":\"" + std::string(name) + "\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
+         ",\"tid\":" + std::to_string(tid) + ",\"args\":{" + args + "}}";
+}
+
+std::string render(const Session& session,
+                   const std::vector<std::shared_ptr<ThreadBuffer>>& buffers, int64_t recorded,
+                   int64_t dropped) {
+  std::string out = "{\"traceEvents\":[\n";
+  const int rank = session.rank;
+  std::string name_arg = "\"name\":";
+  append_json_string(name_arg, "rank " + std::to_string(rank));
+  append_metadata(out, "process_name", rank, 0, name_arg);
+  out += ",\n";
+  append_metadata(out, "process_sort_index", rank, 0, "\"sort_index\":" + std::to_string(rank));
+  for (const auto& buffer : buffers) {
+    std::lock_guard<std::mutex> lock(buffer->mutex);
+    std::string thread_arg = "\"name\":";
+    append_json_string(thread_arg, buffer->thread_name.empty()
+                                       ? "thread " + std::to_string(buffer->tid)
+                                       : buffer->thread_name);
+    out += ",\n";
+    append_metadata(out, "thread_name", rank, buffer->tid, thread_arg);
+    for (const auto& chunk : buffer->chunks) {
+      for (const Event& e : chunk) {
+        out += ",\n";
+        append_event(out, e, rank, buffer->tid);
+      }
+    }
+  }
+  out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"tandem_trace_version\":1,\"rank\":" +
+         std::to_string(rank) + ",\"recorded_events\":" + std::to_string(recorded) +
+         ",\"dropped_events\":" + std::to_string(dropped) +
+         ",\"clock\":\"CLOCK_REALTIME microseconds\"}}\n";
+  return out;
+}
+
+void make_directories(const std::string& dir) {
+  std::string path;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    pos = dir.find('/', pos + 1);
+    path = dir.substr(0, pos);
+    if (path.empty()) continue;
+    if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) {
+      throw ConfigError("tandem: trace: cannot create the trace directory '" + dir + "' (at '" +
+                        path + "': " + std::strerror(errno) +
+                        "). Set trace.dir to a writable directory.");
+    }
+  }
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  if (f != nullptr) ok = (std::fclose(f) == 0) && ok;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    throw Error("tandem: trace: cannot write the timeline '" + path + "' (" + std::strerror(err) +
+                "); its events are lost. Check free space and permissions of trace.dir.");
+  }
+}
+
+}  // namespace
+
+void start(const TraceOptions& options, int rank) {
+  if (!options.enabled) return;
+  if (rank < 0) {
+    throw ConfigError("tandem: trace::start(): rank " + std::to_string(rank) +
+                      " is negative; pass this process's rank (RANK).");
+  }
+  if (options.max_events < 1) {
+    throw ConfigError("tandem: trace.max_events must be at least 1 (got " +
+                      std::to_string(options.max_events) + ").");
+  }
+  if (options.dir.empty()) {
+    throw ConfigError("tandem: trace.dir is empty; name the directory the timeline goes to.");
+  }
+  std::lock_guard<std::mutex> lock(g_session_mutex);
+  if (enabled()) {
+    throw ConfigError("tandem: trace::start() called while a session (rank " +
+                      std::to_string(g_session.rank) + ", dir '" + g_session.dir +
+                      "') is running; call trace::stop() first (one recorder per process).");
+  }
+  make_directories(options.dir);
+  g_wall_offset.store(wall_offset_now(), std::memory_order_relaxed);
+  g_session.generation = g_generation.load() + 1;
+  g_session.rank = rank;
+  g_session.dir = options.dir;
+  g_session.allocator_events = options.allocator_events;
+  g_session.max_events = options.max_events;
+  g_buffers.clear();
+  g_count.store(0);
+  g_max.store(options.max_events);
+  g_allocator_events.store(options.allocator_events);
+  g_generation.store(g_session.generation, std::memory_order_release);
+  detail::g_enabled.store(true, std::memory_order_release);
+}
+
+std::string stop() {
+  std::vector<std::shared_ptr<ThreadBuffer>> buffers;
+  Session session;
+  {
+    std::lock_guard<std::mutex> lock(g_session_mutex);
+    if (!enabled()) return "";
+    detail::g_enabled.store(false, std::memory_order_release);
+    g_allocator_events.store(false);
+    session = g_session;
+    buffers.swap(g_buffers);
+    g_session.generation = 0;  // buffers registering late are refused
+  }
+  const Stats s = stats();
+  const std::string path = session.dir + "/rank" + std::to_string(session.rank) + ".json";
+  write_file(path, render(session, buffers, s.recorded, s.dropped));
+  return path;
+}
+
+bool allocator_events() noexcept {
+  return enabled() && g_allocator_events.load(std::memory_order_relaxed);
+}
+
+int64_t to_us(std::chrono::steady_clock::time_point t) noexcept {
+  return steady_us(t) + g_wall_offset.load(std::memory_order_relaxed);
+}
+
+int64_t now_us() noexcept { return to_us(std::chrono::steady_clock::now()); }
+
+void Args::key(std::string_view k) {
+  if (!body_.empty()) body_ += ',';
+  append_json_string(body_, k);
+  body_ += ':';
+}
+
+Args& Args::add(std::string_view k, std::string_view value) {
+  key(k);
+  append_json_string(body_, value);
+  return *this;
+}
+
+Args& Args::add(std::string_view k, double value) {
+  key(k);
+  if (!std::isfinite(value)) {
+    body_ += "null";  // JSON has no NaN/Infinity
+  } else {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.17g", value);
+    body_ += buf;
+  }
+  return *this;
+}
+
+Args& Args::add_int(std::string_view k, int64_t value) {
+  key(k);
+  body_ += std::to_string(value);
+  return *this;
+}
+
+void complete(std::string_view name, const char* category, int64_t begin_us, int64_t end_us,
+              const Args& args) {
+  if (!enabled()) return;
+  Event e;
+  e.ph = 'X';
+  e.category = category;
+  e.name = std::string(name);
+  e.ts = begin_us;
+  e.dur = end_us > begin_us ? end_us - begin_us : 0;
+  e.args = args.body();
+  record(std::move(e));
+}
+
+void async_span(std::string_view name, const char* category, uint64_t id, int64_t begin_us,
+                int64_t end_us, const Args& args) {
+  if (!enabled()) return;
+  Event b;
+  b.ph = 'b';
+  b.category = category;
+  b.name = std::string(name);
+  b.ts = begin_us;
+  b.id = id;
+  b.args = args.body();
+  Event e = b;
+  e.ph = 'e';
+  e.ts = std::max(begin_us, end_us);
+  e.args.clear();
+  record(std::move(b));
+  record(std::move(e));
+}
+
+void instant(std::string_view name, const char* category, const Args& args) {
+  if (!enabled()) return;
+  Event e;
+  e.ph = 'i';
+  e.category = category;
+  e.name = std::string(name);
+  e.ts = now_us();
+  e.args = args.body();
+  record(std::move(e));
+}
+
+void counter(std::string_view name, const Args& values) {
+  if (!enabled()) return;
+  Event e;
+  e.ph = 'C';
+  e.category = kMemory;
+  e.name = std::string(name);
+  e.ts = now_us();
+  e.args = values.body();
+  record(std::move(e));
+}
+
+void Span::end() {
+  if (!active_) return;
+  active_ = false;
+  complete(name_, category_, begin_us_, now_us(), args_);
+}
+
+Stats stats() {
+  Stats s;
+  const int64_t claimed = g_count.load();
+  const int64_t cap = g_max.load();
+  s.recorded = std::min(claimed, cap);
+  s.dropped = claimed > cap ? claimed - cap : 0;
+  return s;
+}
+
+}  // namespace tandem::trace

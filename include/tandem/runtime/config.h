@@ -1,0 +1,137 @@
+// tandem::Config: every component's typed options, filled from YAML files, TANDEM_* environment
+// variables and --set overrides (docs/config.md).
+//
+//   Sources, later wins:  struct defaults < --config a.yaml < --config b.yaml <
+//   TANDEM_DDP_BUCKET_CAP_MB=10
+//                         < --set ddp.bucket_cap_mb=10
+//
+// Config is a plain value made of the components' own option structs (no parallel structs): the
+// key registry (config/options_registry.h) says which key sets which member. Loading validates
+// every value before anything starts; all problems of one load are reported together in one
+// InvalidConfigError (a ConfigError) whose message names, per problem, the source
+// (file:line:column, "--set k=v" or the variable), the key, the value, what is allowed and, for a
+// misspelt key or choice, the closest valid one.
+// Thread-safety: load functions are reentrant; a Config is a value, except that copies share
+// ddp.codec (stateful, built once by load_config): a second DistributedDataParallel needs
+// make_codec().
+#pragma once
+
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
+#include <tandem/collectives/compression.h>
+#include <tandem/memory/host_memory_stack.h>
+#include <tandem/memory/leak_detector.h>
+#include <tandem/runtime/activation_checkpoint.h>
+#include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/init.h>
+#include <tandem/runtime/metrics.h>
+#include <tandem/runtime/pipeline_parallel.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// Gradient compression: which codec DistributedDataParallel uses and each codec's parameters. Only
+// the chosen codec's section matters.
+struct CompressionConfig {
+  std::string codec = "average";  // average | fp16 | bf16 | powersgd | topk | sign
+  std::string wire = "fp32";      // fp32 | fp16 | bf16: precision the codec's tensors travel in
+  PowerSgdOptions powersgd;
+  TopKOptions topk;
+  SignOptions sign;
+};
+
+// The libtorch CPU allocator: whether to install tandem's host stack, and how it is built.
+struct AllocatorConfig {
+  bool install = false;  // route libtorch's CPU allocations through tandem (Context does it)
+  memory::HostMemoryStackOptions stack;
+  memory::LeakDetectorOptions leaks;
+};
+
+// What the example training programs read.
+struct TrainOptions {
+  int64_t steps = 100;
+  uint64_t seed = 0;
+  int64_t batch_size = 32;
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  std::string data;  // input file; empty: the program's synthetic data
+};
+
+struct Config {
+  InitOptions comm;  // comm.env is the launcher's (DistEnv), not config
+  DistributedDataParallelOptions ddp;  // ddp.codec is built from `compression` by the loader
+  CompressionConfig compression;
+  PipelineOptions pipeline;
+  ActivationCheckpointOptions activation;
+  AllocatorConfig allocator;
+  CheckpointManagerOptions checkpoint;  // communicator, file system, callbacks: set in code
+  TraceOptions trace;
+  MetricsOptions metrics;
+  TrainOptions train;
+
+  // A fresh codec from `compression` (nullptr for plain average over fp32). Throws ConfigError.
+  std::shared_ptr<GradCodec> make_codec() const;
+};
+
+// One problem found while loading.
+struct ConfigIssue {
+  std::string source;   // "train.yaml:3:5", "--set ddp.bucket_cap_mb=x", "TANDEM_DDP_BUCKET_CAP_MB"
+  std::string key;      // dotted key ("" for syntax errors)
+  std::string value;    // the text seen
+  std::string message;  // the whole line: "<source>: <what>; <fix>"
+};
+
+// Every problem of one load. what(): "tandem: invalid configuration (N problems):\n  <message>...".
+class InvalidConfigError : public ConfigError {
+ public:
+  explicit InvalidConfigError(std::vector<ConfigIssue> issues);
+  const std::vector<ConfigIssue>& issues() const { return issues_; }
+
+ private:
+  std::vector<ConfigIssue> issues_;
+};
+
+// Environment variables by name (tests inject a map; process_environment() reads the real one).
+using Environment = std::map<std::string, std::string>;
+Environment process_environment();
+
+// What to load, in merge order.
+struct ConfigInputs {
+  std::vector<std::string> files;  // YAML files, later wins
+  Environment env;                 // only TANDEM_* variables are looked at
+  std::vector<std::string> sets;   // "key=value" overrides, later wins
+};
+
+// A loaded config and where each key's value came from ("default", "train.yaml:3:5",
+// "TANDEM_X", "--set"). Keys absent from `source` kept their default.
+struct LoadedConfig {
+  Config config;
+  std::map<std::string, std::string> source;
+};
+
+// Merges `inputs` over the defaults, validates, and builds config.ddp.codec. comm.env comes from
+// DistEnv::from_env over inputs.env (the launcher contract), store_prefix from its run id and
+// restart count as InitOptions::from_env does. Throws InvalidConfigError listing every problem.
+LoadedConfig load_config(const ConfigInputs& inputs);
+
+// The tandem flags of a command line: --config FILE, --set K=V (also --config=FILE, --set=K=V),
+// --print-config, --help-config.
+struct ConfigArgs {
+  std::vector<std::string> files;
+  std::vector<std::string> sets;
+  bool print_config = false;  // print the effective config and stop
+  bool help_config = false;   // print every key with its default and doc, and stop
+};
+
+// Removes the tandem flags from argv (argc shrinks; argv[argc] stays nullptr) and returns them;
+// the program's own arguments stay in order. Throws InvalidConfigError for a flag missing its
+// value or a --set without '='.
+ConfigArgs take_config_args(int& argc, char** argv);
+
+}  // namespace tandem

@@ -1,0 +1,213 @@
+#include <tandem/runtime/distributed_data_parallel.h>
+
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
+#include <tandem/memory/cpu_allocator.h>
+
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+
+#include <map>
+#include <sstream>
+
+namespace tandem {
+
+namespace {
+
+// Broadcasts `tensors` from `root` with one collective per dtype (flatten, broadcast, copy back).
+void broadcast_coalesced(Communicator& comm, const std::vector<at::Tensor>& tensors, int root) {
+  if (comm.size() == 1 || tensors.empty()) return;
+  at::NoGradGuard no_grad;
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (const auto& t : tensors) by_dtype[t.scalar_type()].push_back(t);
+  for (auto& [dtype, group] : by_dtype) {
+    std::vector<at::Tensor> flat;
+    for (const auto& t : group) flat.push_back(t.reshape({-1}));
+    at::Tensor buffer = at::cat(flat);
+    comm.broadcast(buffer, root)->wait();
+    int64_t offset = 0;
+    for (auto& t : group) {
+      t.copy_(buffer.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+  }
+}
+
+std::string describe_parameters(const std::vector<std::string>& names,
+                                 const std::vector<at::Tensor>& params) {
+  std::ostringstream out;
+  for (size_t i = 0; i < params.size(); ++i) {
+    out << names[i] << " " << params[i].sizes() << " " << params[i].scalar_type() << "\n";
+  }
+  return out.str();
+}
+
+std::vector<std::string> split_lines(const std::string& s) {
+  std::vector<std::string> lines;
+  std::istringstream in(s);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// Every rank learns every rank's parameter list and raises the same error on a mismatch.
+void verify_same_parameters(Communicator& comm, const std::string& mine) {
+  if (comm.size() == 1) return;
+  const int n = comm.size();
+  at::Tensor length = at::empty({1}, at::kLong);
+  length.data_ptr<int64_t>()[0] = static_cast<int64_t>(mine.size());
+  at::Tensor lengths = at::empty({n}, at::kLong);
+  comm.allgather(lengths, length)->wait();
+  int64_t longest = 0;
+  for (int r = 0; r < n; ++r) longest = std::max(longest, lengths.data_ptr<int64_t>()[r]);
+  at::Tensor padded = at::zeros({longest}, at::kByte);
+  std::copy(mine.begin(), mine.end(), padded.data_ptr<uint8_t>());
+  at::Tensor all = at::empty({n * longest}, at::kByte);
+  comm.allgather(all, padded)->wait();
+  auto text_of = [&](int r) {
+    const char* base = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
+    return std::string(base, static_cast<size_t>(lengths.data_ptr<int64_t>()[r]));
+  };
+  const auto reference = split_lines(text_of(0));
+  for (int r = 1; r < n; ++r) {
+    const auto other = split_lines(text_of(r));
+    for (size_t i = 0; i < std::max(reference.size(), other.size()); ++i) {
+      const std::string a = i < reference.size() ? reference[i] : "(none)";
+      const std::string b = i < other.size() ? other[i] : "(none)";
+      if (a == b) continue;
+      throw ConfigError(
+          "tandem: DistributedDataParallel: the ranks hold different models. Rank 0 has " +
+          std::to_string(reference.size()) + " parameters, rank " + std::to_string(r) + " has " +
+          std::to_string(other.size()) + "; first difference at parameter #" + std::to_string(i) +
+          ": rank 0 '" + a + "' vs rank " + std::to_string(r) + " '" + b +
+          "'. Build the same model (same config) on every rank.");
+    }
+  }
+}
+
+}  // namespace
+
+DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
+                                                         std::shared_ptr<Communicator> comm,
+                                                         DistributedDataParallelOptions options)
+    : module_(std::move(module)), comm_(std::move(comm)), options_(std::move(options)) {
+  if (!module_) throw ConfigError("tandem: DistributedDataParallel: module is null.");
+  if (!comm_) throw ConfigError("tandem: DistributedDataParallel: communicator is null.");
+  // Every parameter, frozen ones included, is checked and broadcast; only trainable ones are
+  // reduced.
+  std::vector<at::Tensor> all_params, params;
+  std::vector<std::string> all_names, names;
+  for (const auto& item : module_->named_parameters(/*recurse=*/true)) {
+    all_names.push_back(item.key());
+    all_params.push_back(item.value());
+    if (!item.value().requires_grad()) continue;
+    names.push_back(item.key());
+    params.push_back(item.value());
+  }
+  for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
+
+  verify_same_parameters(*comm_, describe_parameters(all_names, all_params));
+  std::vector<at::Tensor> state = all_params;
+  state.insert(state.end(), buffers_.begin(), buffers_.end());
+  broadcast_coalesced(*comm_, state, 0);
+
+  ReducerOptions reducer_options;
+  reducer_options.bucket_cap_mb = options_.bucket_cap_mb;
+  reducer_options.first_bucket_cap_mb = options_.first_bucket_cap_mb;
+  reducer_options.find_unused_parameters = options_.find_unused_parameters;
+  reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), comm_,
+                                       reducer_options, options_.codec);
+}
+
+DistributedDataParallelCore::~DistributedDataParallelCore() = default;
+
+namespace {
+// trace: start of the forward in flight on this thread (after the buffer broadcast, which is comm).
+thread_local int64_t t_forward_begin_us = 0;
+}  // namespace
+
+void DistributedDataParallelCore::pre_forward() {
+  reducer_->prepare_for_forward();
+  if (options_.broadcast_buffers) broadcast_buffers();
+  if (trace::enabled()) {
+    memory::sample_allocator_counter();
+    t_forward_begin_us = trace::now_us();
+  }
+}
+
+void DistributedDataParallelCore::broadcast_buffers() { broadcast_coalesced(*comm_, buffers_, 0); }
+
+void DistributedDataParallelCore::post_forward(const std::vector<at::Tensor>& outputs) {
+  if (trace::enabled() && t_forward_begin_us != 0) {
+    trace::complete("forward", trace::kCompute, t_forward_begin_us, trace::now_us());
+    t_forward_begin_us = 0;
+  }
+  if (!at::GradMode::is_enabled()) return;  // evaluation: no backward expected
+  if (sync_) {
+    reducer_->prepare_for_backward(outputs);
+  } else {
+    reducer_->prepare_for_accumulation();
+  }
+}
+
+namespace {
+constexpr const char* kBucketSizes = "ddp/bucket_sizes";
+constexpr const char* kBucketParams = "ddp/bucket_params";
+}  // namespace
+
+std::map<std::string, at::Tensor> DistributedDataParallelCore::state() const {
+  std::map<std::string, at::Tensor> out = reducer_->codec().state();
+  if (reducer_->buckets_rebuilt()) {
+    std::vector<int64_t> sizes, params;
+    for (const auto& bucket : reducer_->bucket_plan()) {
+      sizes.push_back(static_cast<int64_t>(bucket.size()));
+      params.insert(params.end(), bucket.begin(), bucket.end());
+    }
+    out[kBucketSizes] = at::tensor(sizes, at::kLong);
+    out[kBucketParams] = at::tensor(params, at::kLong);
+  }
+  return out;
+}
+
+void DistributedDataParallelCore::load_state(const std::map<std::string, at::Tensor>& state) {
+  std::map<std::string, at::Tensor> codec_state = state;
+  auto sizes = codec_state.find(kBucketSizes);
+  auto params = codec_state.find(kBucketParams);
+  if ((sizes == codec_state.end()) != (params == codec_state.end())) {
+    throw ConfigError(std::string("tandem: DistributedDataParallel::load_state(): '") +
+                      kBucketSizes + "' and '" + kBucketParams +
+                      "' come together; the state is incomplete.");
+  }
+  if (sizes != codec_state.end()) {
+    const at::Tensor s = sizes->second.to(at::kLong).contiguous();
+    const at::Tensor p = params->second.to(at::kLong).contiguous();
+    std::vector<std::vector<int64_t>> plan;
+    int64_t offset = 0;
+    for (int64_t b = 0; b < s.numel(); ++b) {
+      const int64_t size = s.data_ptr<int64_t>()[b];
+      if (size < 0 || offset + size > p.numel()) {
+        throw ConfigError(
+            "tandem: DistributedDataParallel::load_state(): the saved bucket plan is "
+            "inconsistent (sizes exceed the parameter list); the state is damaged.");
+      }
+      plan.emplace_back(p.data_ptr<int64_t>() + offset, p.data_ptr<int64_t>() + offset + size);
+      offset += size;
+    }
+    reducer_->load_bucket_plan(plan);
+    codec_state.erase(kBucketSizes);
+    codec_state.erase(kBucketParams);
+  }
+  reducer_->codec().load_state(codec_state);
+}
+
+DistributedDataParallelCore::NoSyncGuard::NoSyncGuard(DistributedDataParallelCore& core)
+    : core_(core), previous_(core.sync_) {
+  core_.sync_ = false;
+}
+
+DistributedDataParallelCore::NoSyncGuard::~NoSyncGuard() { core_.sync_ = previous_; }
+
+}  // namespace tandem

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""scripts/check-layers passes on the tree and fails on includes planted against the layers.
+
+Each case copies the repository's source folders into a temporary directory, plants one include
+and expects the check to fail naming the file, the line and the rule; the untouched copy passes.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+CHECK = os.path.join(ROOT, "scripts", "check-layers")
+FOLDERS = ["include", "base", "memory", "collectives", "checkpoint", "runtime", "tools", "tests",
+           "bench", "examples"]
+
+
+def run_check(root):
+    p = subprocess.run([sys.executable, CHECK, root], capture_output=True, text=True)
+    return p.returncode, p.stdout + p.stderr
+
+
+class CheckLayers(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="tandem-layers-")
+        cls.clean = os.path.join(cls.tmp, "clean")
+        for folder in FOLDERS:
+            shutil.copytree(os.path.join(ROOT, folder), os.path.join(cls.clean, folder),
+                            ignore=shutil.ignore_patterns("*.json", "*.safetensors", "*.png"))
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp)
+
+    def planted(self, rel, include):
+        """A copy of the clean tree with `include` added as the first line of `rel`."""
+        root = tempfile.mkdtemp(dir=self.tmp)
+        os.rmdir(root)
+        shutil.copytree(self.clean, root)
+        path = os.path.join(root, rel)
+        with open(path) as f:
+            text = f.read()
+        with open(path, "w") as f:
+            f.write(include + "\n" + text)
+        return root
+
+    def test_the_tree_passes(self):
+        code, out = run_check(ROOT)
+        self.assertEqual(code, 0, out)
+
+    def test_collectives_including_runtime_fails(self):
+        code, out = run_check(self.planted("collectives/communicator.cpp",
+                                           "#include <tandem/runtime/context.h>"))
+        self.assertEqual(code, 1, out)
+        self.assertIn("collectives/communicator.cpp:1: collectives/ includes tandem/runtime/context.h "
+                      "from runtime/", out)
+
+    def test_base_including_memory_fails(self):
+        code, out = run_check(self.planted("base/json.cpp", "#include <tandem/memory/memory_stats.h>"))
+        self.assertEqual(code, 1, out)
+        self.assertIn("base/json.cpp:1: base/ includes tandem/memory/memory_stats.h from memory/", out)
+
+    def test_base_including_torch_fails(self):
+        code, out = run_check(self.planted("base/json.cpp", "#include <ATen/core/Tensor.h>"))
+        self.assertEqual(code, 1, out)
+        self.assertIn("base/json.cpp:1: includes <ATen/core/Tensor.h>: base/ must build without libtorch",
+                      out)
+
+    def test_memory_core_including_torch_fails(self):
+        code, out = run_check(self.planted("memory/caching_pool.cpp", "#include <c10/core/Allocator.h>"))
+        self.assertEqual(code, 1, out)
+        self.assertIn("memory/caching_pool.cpp:1: includes <c10/core/Allocator.h>", out)
+
+    def test_public_header_including_private_fails(self):
+        code, out = run_check(self.planted("include/tandem/collectives/communicator.h",
+                                           '#include "collectives/async_work.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('include/tandem/collectives/communicator.h:1: public header includes private '
+                      '"collectives/async_work.h"', out)
+
+    def test_program_including_library_private_fails(self):
+        code, out = run_check(self.planted("tools/tandemrun/main.cpp",
+                                           '#include "checkpoint/step_directory.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('tools/tandemrun/main.cpp:1: a program includes "checkpoint/step_directory.h"', out)
+
+    def test_example_including_private_fails(self):
+        code, out = run_check(self.planted("examples/train_mlp.cpp", '#include "base/json.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('examples/train_mlp.cpp:1: examples use public headers only', out)
+
+    def test_relative_private_include_fails(self):
+        code, out = run_check(self.planted("collectives/communicator.cpp", '#include "async_work.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('spell private includes from the repository root', out)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

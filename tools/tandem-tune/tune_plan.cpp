@@ -1,0 +1,194 @@
+// tandem-tune's logic: grid, trial command lines, throughput from metrics files, table, best YAML.
+#include "tools/tandem-tune/tune_plan.h"
+
+#include <tandem/base/errors.h>
+#include <tandem/runtime/config.h>
+
+#include "base/json.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+namespace tandem::tune {
+namespace {
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::string part;
+  std::istringstream in(text);
+  while (std::getline(in, part, sep)) parts.push_back(part);
+  if (!text.empty() && text.back() == sep) parts.emplace_back();
+  return parts;
+}
+
+std::string trial_label(const Trial& trial) {
+  std::string label;
+  for (const auto& [key, value] : trial) label += (label.empty() ? "" : " ") + key + "=" + value;
+  return label;
+}
+
+// A YAML scalar: plain when safe, double-quoted otherwise.
+std::string yaml_scalar(const std::string& value) {
+  const bool plain = !value.empty() && value.find_first_of(":#{}[]&*!|>'\"%@`") == std::string::npos &&
+                     value.front() != ' ' && value.back() != ' ' && value.front() != '-';
+  if (plain) return value;
+  std::string quoted = "\"";
+  for (char c : value) {
+    if (c == '"' || c == '\\') quoted += '\\';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+}  // namespace
+
+Axis parse_axis(const std::string& text) {
+  const auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError("--grid '" + text + "' is not key=v1,v2,... (e.g. --grid ddp.bucket_cap_mb=1,5,25)");
+  Axis axis{text.substr(0, eq), split(text.substr(eq + 1), ',')};
+  std::set<std::string> seen;
+  for (const auto& v : axis.values) {
+    if (v.empty())
+      throw ConfigError("--grid '" + text + "' has an empty value; separate values by single commas");
+    if (!seen.insert(v).second)
+      throw ConfigError("--grid '" + text + "' lists the value '" + v + "' twice");
+  }
+  if (axis.values.empty())
+    throw ConfigError("--grid '" + text + "' has no values (e.g. --grid ddp.bucket_cap_mb=1,5,25)");
+  return axis;
+}
+
+std::vector<Trial> expand(const std::vector<Axis>& axes) {
+  std::set<std::string> keys;
+  for (const auto& a : axes) {
+    if (!keys.insert(a.key).second)
+      throw ConfigError("--grid names '" + a.key + "' twice; give all its values in one --grid");
+  }
+  std::vector<Trial> trials{Trial{}};
+  for (const auto& axis : axes) {
+    std::vector<Trial> next;
+    for (const auto& t : trials) {
+      for (const auto& v : axis.values) {
+        Trial longer = t;
+        longer.emplace_back(axis.key, v);
+        next.push_back(std::move(longer));
+      }
+    }
+    trials = std::move(next);
+  }
+  return trials;
+}
+
+void validate(const std::vector<Trial>& trials) {
+  for (const auto& trial : trials) {
+    ConfigInputs inputs;
+    for (const auto& [key, value] : trial) inputs.sets.push_back(key + "=" + value);
+    load_config(inputs);  // throws InvalidConfigError naming the --set, key and fix
+  }
+}
+
+std::vector<std::string> trial_command(const std::vector<std::string>& command, const Trial& trial,
+                                       int64_t steps, int64_t log_every,
+                                       const std::string& metrics_file) {
+  std::vector<std::string> argv = command;
+  auto set = [&argv](const std::string& key, const std::string& value) {
+    argv.push_back("--set");
+    argv.push_back(key + "=" + value);
+  };
+  for (const auto& [key, value] : trial) set(key, value);
+  set("train.steps", std::to_string(steps));
+  set("metrics.log_every", std::to_string(log_every));
+  set("metrics.file", metrics_file);
+  return argv;
+}
+
+std::optional<double> throughput(const std::string& metrics_file, int warmup_records) {
+  std::ifstream in(metrics_file);
+  if (!in) return std::nullopt;
+  std::vector<double> rates;
+  std::string line;
+  for (int number = 1; std::getline(in, line); ++number) {
+    if (line.empty()) continue;
+    try {
+      const JsonValue record = parse_json(line);
+      const JsonValue* rate = record.find("samples_per_s");
+      if (rate == nullptr || !rate->is_number()) throw CheckpointError("no number samples_per_s");
+      rates.push_back(rate->as_double("samples_per_s"));
+    } catch (const CheckpointError& e) {
+      throw ConfigError("metrics file " + metrics_file + " line " + std::to_string(number) +
+                        " is not a tandem::ProgressLogger record (" + e.what() +
+                        "); does the program write metrics.file with ProgressLogger?");
+    }
+  }
+  if (static_cast<int>(rates.size()) <= warmup_records) return std::nullopt;
+  rates.erase(rates.begin(), rates.begin() + warmup_records);
+  std::sort(rates.begin(), rates.end());
+  const size_t n = rates.size();
+  return n % 2 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2;
+}
+
+std::optional<size_t> best(const std::vector<TrialResult>& results) {
+  std::optional<size_t> index;
+  for (size_t i = 0; i < results.size(); ++i) {
+    if (!results[i].samples_per_s) continue;
+    if (!index || *results[i].samples_per_s > *results[*index].samples_per_s) index = i;
+  }
+  return index;
+}
+
+std::string format_table(const std::vector<TrialResult>& results) {
+  const auto top = best(results);
+  std::vector<std::string> labels;
+  size_t width = 5;
+  for (const auto& r : results) {
+    labels.push_back(trial_label(r.trial));
+    width = std::max(width, labels.back().size());
+  }
+  std::ostringstream out;
+  char row[64];
+  std::snprintf(row, sizeof row, "  %14s  %8s  ", "samples/s", "vs best");
+  out << "trial  " << std::string("grid values").append(width > 11 ? width - 11 : 0, ' ') << row
+      << "status\n";
+  for (size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (r.samples_per_s && top) {
+      std::snprintf(row, sizeof row, "  %14.1f  %8.3f  ", *r.samples_per_s,
+                    *r.samples_per_s / *results[*top].samples_per_s);
+    } else {
+      std::snprintf(row, sizeof row, "  %14s  %8s  ", "-", "-");
+    }
+    char index[32];
+    std::snprintf(index, sizeof index, "%5zu  ", i + 1);
+    out << index << labels[i] << std::string(width - labels[i].size(), ' ') << row << r.status
+        << (top && *top == i ? "  <- best" : "") << "\n";
+  }
+  return out.str();
+}
+
+std::string best_config_yaml(const TrialResult& best, const std::string& comment) {
+  // Nest dotted keys: "a.b.c=v" under "a:" then "  b:" then "    c: v"; consecutive keys share
+  // the sections they have in common (the grid is written in the order it was given).
+  std::ostringstream out;
+  for (const auto& line : split(comment, '\n')) out << "# " << line << "\n";
+  std::vector<std::string> open;  // sections of the previous key
+  for (const auto& [key, value] : best.trial) {
+    const auto parts = split(key, '.');
+    size_t common = 0;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
+      ++common;
+    open.resize(common);
+    for (size_t d = common; d + 1 < parts.size(); ++d) {
+      out << std::string(2 * d, ' ') << parts[d] << ":\n";
+      open.push_back(parts[d]);
+    }
+    out << std::string(2 * (parts.size() - 1), ' ') << parts.back() << ": " << yaml_scalar(value)
+        << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace tandem::tune
