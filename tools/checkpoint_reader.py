@@ -1,225 +1,237 @@
 #!/usr/bin/env python3
-"""Reads tandem training-state checkpoints (docs/checkpoints.md) with the standard library and numpy.
+"""Reads and verifies tandem training-state checkpoints (docs/checkpoints.md) with numpy and xxhash.
 
 A shard is a safetensors-compatible file: an 8-byte little-endian header length N, N bytes of JSON
-header, then raw little-endian tensor bytes. This reader never executes anything from a
-checkpoint (no pickle): it parses JSON strictly (no NaN/Infinity literals, no duplicate keys) and
-checks every offset against the file size before slicing.
+header, then raw little-endian tensor bytes. A committed step is a directory step_N holding the
+shards and manifest.json. This reader never executes anything from a checkpoint (no pickle) and
+checks what the C++ loader checks, in the same order (checkpoint/format.cpp, step_directory.cpp):
+strict JSON (checkpoint/json.cpp), every header and manifest field, every offset against the file
+size, the shard header against the manifest's record of it (tensors and values), and, when
+verifying, the manifest's XXH3-64, every tensor's and the whole file's. Every defect raises
+CheckpointError naming the file and the reason; nothing else escapes.
 
-Checksums are XXH3-64. The standard library has no XXH3, so they are verified only when the
-optional `xxhash` module is importable (pass --verify to require it); the C++ loader always
-verifies them.
+Checksums need the `xxhash` module (Debian: python3-xxhash, installed by scripts/install-deps).
+verify=None (the default) verifies when it is importable; verify=True requires it.
 
 Library use:
-    from checkpoint_reader import load_step, read_shard, read_manifest, committed_steps
-    tensors, meta = read_shard("ckpt/step_0000000030/rank_00000.safetensors")
-    state = load_step("ckpt")            # newest committed step, rank 0's file
+    from checkpoint_reader import load_step, verify_step, read_shard, read_manifest, committed_steps
+    state = load_step("ckpt")                  # newest committed step, rank 0's file, verified
+    verify_step("ckpt/step_0000000030")        # every file of that step, as the C++ loader would
+    tensors, info = read_shard("ckpt/step_0000000030/rank_00000.safetensors")  # the file alone
 
 Command line:
     checkpoint_reader.py ckpt/                       # newest committed step: states, files, values
-    checkpoint_reader.py ckpt/step_0000000030        # that step
+    checkpoint_reader.py ckpt/step_0000000030 --verify    # and check every file of it
     checkpoint_reader.py ckpt/step_0000000030/rank_00001.safetensors --tensor rng/state
 """
 import argparse
-import json
 import os
 import re
-import struct
 import sys
 
 import numpy as np
 
-FORMAT = "tandem-checkpoint"
-VERSION = 1
-MAX_HEADER = 100 << 20
+from checkpoint_format import (DTYPES, INT64_MAX, MAX_MANIFEST, CheckpointError, Reject, Tensor,  # noqa: F401
+                               fail, header_length, identical_values, parse_manifest, parse_shard_header,
+                               shard_file_name, step_directory_name)
+
 MANIFEST = "manifest.json"
-MANIFEST_PREFIX = b'{\n  "manifest_xxh3": "'
-STEP_RE = re.compile(r"^step_(\d{10,19})$")
-
-DTYPES = {
-    "F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
-    "BF16": np.dtype("<u2"),  # no numpy bfloat16: read as bits, widened to float32 below
-    "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"), "I8": np.dtype("i1"),
-    "U8": np.dtype("u1"), "BOOL": np.dtype("?"),
-}
+CHUNK = 8 << 20
+STEP_RE = re.compile(r"step_([0-9]{10,19})")
+XXHASH_HINT = "install Debian's python3-xxhash (apt-get install python3-xxhash, or scripts/install-deps)"
 
 
-class CheckpointError(Exception):
-    """The file is not a valid tandem checkpoint (message says which file and why)."""
-
-
-def _strict_json(data, what):
-    def no_constants(name):
-        raise CheckpointError("%s: JSON constant %s is not allowed" % (what, name))
-
-    def no_duplicates(pairs):
-        out = {}
-        for k, v in pairs:
-            if k in out:
-                raise CheckpointError("%s: duplicate JSON key %r" % (what, k))
-            out[k] = v
-        return out
-
+def _xxh3(required):
+    """The xxhash module, or None when it is missing and not required."""
     try:
-        text = data.decode("utf-8")
-        return json.loads(text, parse_constant=no_constants, object_pairs_hook=no_duplicates)
-    except (UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError("%s: malformed JSON header: %s" % (what, e)) from None
-
-
-def _xxh3():
-    try:
-        import xxhash  # optional, not part of the standard library
-        return xxhash.xxh3_64_intdigest
+        import xxhash
+        return xxhash
     except ImportError:
+        if required:
+            raise CheckpointError("verifying checksums needs the Python module xxhash: "
+                                  + XXHASH_HINT) from None
         return None
 
 
-def _decode_value(s, what):
-    if s.startswith("int:"):
-        return int(s[4:])
-    if s.startswith("float:"):
-        return struct.unpack(">d", bytes.fromhex(s[6:]))[0]
-    if s == "bool:true":
-        return True
-    if s == "bool:false":
-        return False
-    if s.startswith("str:"):
-        return s[4:]
-    raise CheckpointError("%s: unknown value encoding %r" % (what, s[:32]))
+def _hasher(verify):
+    return None if verify is False else _xxh3(required=verify is True)
 
 
-def read_shard_header(path):
-    """Returns (header dict, data offset, file size) after bounds-checking the header."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        prefix = f.read(8)
-        if len(prefix) < 8:
-            raise CheckpointError("%s: %d bytes, too short for a header (truncated)" % (path, size))
-        (n,) = struct.unpack("<Q", prefix)
-        if n > MAX_HEADER or n > size - 8:
-            raise CheckpointError("%s: header length %d does not fit the %d-byte file" % (path, n, size))
-        header = _strict_json(f.read(n), path)
-    if not isinstance(header, dict) or not isinstance(header.get("__metadata__"), dict):
-        raise CheckpointError("%s: no __metadata__ (not a tandem checkpoint)" % path)
-    meta = header["__metadata__"]
-    if meta.get("format") != FORMAT or meta.get("version") != str(VERSION):
-        raise CheckpointError("%s: format %r version %r is not %s version %d" % (
-            path, meta.get("format"), meta.get("version"), FORMAT, VERSION))
-    # Every entry well-formed, then the tensors must tile the data section exactly, in offset order.
-    entries = []
-    for name, e in header.items():
-        if name == "__metadata__":
+def _open(path):
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        fail(path, "is missing")
+    except OSError as e:
+        fail(path, "cannot be read: %s" % e.strerror)
+
+
+def _read_data(f, path, head, tensors, hasher, names):
+    """Reads the data section in order: {name: bytes} of `names` (None: all); with `hasher`, checks
+    every tensor's XXH3 and returns the whole file's XXH3 (else None)."""
+    whole = hasher.xxh3_64(head) if hasher else None
+    out = {}
+    for t in tensors:
+        part = hasher.xxh3_64() if hasher else None
+        keep = [] if names is None or t.name in names else None
+        if keep is None and not hasher:
             continue
-        if not isinstance(e, dict) or set(e) != {"dtype", "shape", "data_offsets"}:
-            raise CheckpointError("%s: tensor %r has a malformed entry" % (path, name))
-        off, shape = e["data_offsets"], e["shape"]
-        if (not isinstance(off, list) or len(off) != 2 or not isinstance(shape, list)
-                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in off + shape)):
-            raise CheckpointError("%s: tensor %r has bad offsets %r or shape %r" % (path, name, off, shape))
-        if e["dtype"] not in DTYPES:
-            raise CheckpointError("%s: tensor %r has unknown dtype %r" % (path, name, e["dtype"]))
-        entries.append((off[0], name, e))
-    pos = 0
-    for b, name, e in sorted(entries, key=lambda t: t[0]):
-        end = e["data_offsets"][1]
-        nbytes = DTYPES[e["dtype"]].itemsize * int(np.prod(e["shape"], dtype=object))
-        if b != pos or end - b != nbytes:
-            raise CheckpointError("%s: tensor %r spans [%d, %d), expected [%d, %d)" % (
-                path, name, b, end, pos, pos + nbytes))
-        pos = end
-    if 8 + n + pos != size:
-        raise CheckpointError("%s: %d bytes, header and tensors need %d (truncated or extended)" % (
-            path, size, 8 + n + pos))
-    return header, 8 + n, size
+        f.seek(len(head) + t.begin)
+        left = t.end - t.begin
+        while left > 0:
+            piece = f.read(min(left, CHUNK))
+            if not piece:
+                fail(path, 'reading tensor "%s": the file ended early (truncated while being read)' % t.name)
+            left -= len(piece)
+            if hasher:
+                part.update(piece)
+                whole.update(piece)
+            if keep is not None:
+                keep.append(piece)
+        if hasher and part.intdigest() != t.xxh3:
+            fail(path, 'tensor "%s" checksum mismatch (stored %016x, computed %016x): the data is corrupt' % (
+                t.name, t.xxh3, part.intdigest()))
+        if keep is not None:
+            out[t.name] = b"".join(keep)
+    return out, whole.intdigest() if hasher else None
 
 
-def read_shard(path, names=None, verify=False, bf16_as_float32=True):
-    """Reads one shard file: ({name: numpy array}, metadata dict with decoded 'values').
-
-    `names`: only these tensors (default all). `verify`: check every tensor's XXH3-64 (needs the
-    optional xxhash module; raises CheckpointError without it)."""
-    header, data_start, _ = read_shard_header(path)
-    meta = header["__metadata__"]
-    h = _xxh3() if verify else None
-    if verify and h is None:
-        raise CheckpointError("--verify needs the 'xxhash' Python module (pip install xxhash)")
-    tensors = {}
-    with open(path, "rb") as f:
-        for name, e in header.items():
-            if name == "__metadata__" or (names is not None and name not in names):
-                continue
-            b, end = e["data_offsets"]
-            f.seek(data_start + b)
-            raw = f.read(end - b)
-            if len(raw) != end - b:
-                raise CheckpointError("%s: tensor %r is cut off (truncated)" % (path, name))
-            if h is not None:
-                want = int(meta.get("xxh3." + name, "x"), 16)
-                if h(raw) != want:
-                    raise CheckpointError("%s: tensor %r checksum mismatch" % (path, name))
-            a = np.frombuffer(raw, dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
-            if e["dtype"] == "BF16" and bf16_as_float32:
-                a = (a.astype(np.uint32) << 16).view(np.float32)
-            tensors[name] = a
-    values = {k[len("value."):]: _decode_value(v, path) for k, v in meta.items() if k.startswith("value.")}
-    info = {"step": int(meta["step"]), "rank": int(meta["rank"]), "world_size": int(meta["world_size"]),
-            "values": values}
-    return tensors, info
-
-
-def read_manifest(step_dir, verify=False):
-    """Parses <step_dir>/manifest.json; with `verify`, checks its embedded XXH3-64."""
+def read_manifest(step_dir, verify=None):
+    """<step_dir>/manifest.json, parsed (parse_manifest), with its step checked against the directory
+    name when that is step_N."""
     path = os.path.join(step_dir, MANIFEST)
-    with open(path, "rb") as f:
-        data = f.read()
-    if not data.startswith(MANIFEST_PREFIX) or len(data) < len(MANIFEST_PREFIX) + 16:
-        raise CheckpointError("%s: does not start with its checksum member" % path)
-    if verify:
-        h = _xxh3()
-        if h is None:
-            raise CheckpointError("--verify needs the 'xxhash' Python module (pip install xxhash)")
-        at = len(MANIFEST_PREFIX)
-        stored = int(data[at:at + 16], 16)
-        if h(data[:at] + b"0" * 16 + data[at + 16:]) != stored:
-            raise CheckpointError("%s: manifest checksum mismatch" % path)
-    m = _strict_json(data, path)
-    if m.get("format") != FORMAT or m.get("version") != VERSION:
-        raise CheckpointError("%s: not a %s version %d manifest" % (path, FORMAT, VERSION))
+    with _open(path) as f:
+        if os.fstat(f.fileno()).st_size > MAX_MANIFEST:
+            fail(path, "is larger than the manifest limit")
+        text = f.read()
+    hasher = _hasher(verify)
+    m = parse_manifest(text, path, hasher.xxh3_64_intdigest if hasher else None)
+    named = STEP_RE.fullmatch(os.path.basename(os.path.normpath(step_dir)))
+    if named and int(named.group(1)) != m["step"]:
+        fail(path, "says step %d but lives in %s" % (m["step"], named.group(0)))
+    return m
+
+
+def verify_shard(step_dir, step, file, verify=None, names=None):
+    """Checks one file of a committed step against `file`, its manifest record, as the C++ loader
+    does: present, size, header identical to the record (tensors and values), and when verifying
+    every tensor's and the file's XXH3. Returns (header, {name: bytes} of `names`, None: all)."""
+    path = os.path.join(step_dir, file["name"])
+    hasher = _hasher(verify)
+    with _open(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != file["bytes"]:
+            fail(path, "is %d bytes, the manifest says %d (%s)" % (
+                size, file["bytes"], "truncated" if size < file["bytes"] else "extended"))
+        head = f.read(8)
+        try:
+            n = header_length(head, size)
+        except Reject as e:
+            fail(path, str(e))
+        if 8 + n != file["header_bytes"]:
+            fail(path, "header is %d bytes, the manifest says %d" % (8 + n, file["header_bytes"]))
+        head += f.read(n)
+        h = parse_shard_header(head[8:], size, path)
+        if h["step"] != step or h["rank"] != file["rank"]:
+            fail(path, "header says step %d rank %d, the manifest says step %d rank %d" % (
+                h["step"], h["rank"], step, file["rank"]))
+        if len(h["tensors"]) != len(file["tensors"]):
+            fail(path, "header lists %d tensors, the manifest %d" % (len(h["tensors"]), len(file["tensors"])))
+        for a, b in zip(h["tensors"], file["tensors"]):
+            if a != b:
+                fail(path, 'header entry "%s" differs from the manifest\'s record of "%s"' % (a.name, b.name))
+        if not identical_values(h["values"], file["values"]):
+            fail(path, "header values differ from the manifest's")
+        data, whole = _read_data(f, path, head, file["tensors"], hasher, names)
+    if hasher and whole != file["xxh3"]:
+        fail(path, "file checksum mismatch (stored %016x, computed %016x): the file is corrupt" % (
+            file["xxh3"], whole))
+    return h, data
+
+
+def verify_step(step_dir, verify=True):
+    """Everything the C++ loader checks before it restores a step, for every file of it: the
+    manifest, a file for rank 0, then verify_shard of each file. Returns the manifest."""
+    m = read_manifest(step_dir, verify)
+    if not any(f["rank"] == 0 for f in m["files"]):
+        fail(os.path.join(step_dir, MANIFEST), "lists no file for rank 0")
+    for f in m["files"]:
+        verify_shard(step_dir, m["step"], f, verify, names=())
     return m
 
 
 def committed_steps(root):
     """Committed steps under `root` (directories step_N holding manifest.json), newest first."""
+    try:
+        names = os.listdir(root)
+    except OSError as e:
+        fail(root, "cannot be listed: %s" % e.strerror)
     steps = []
-    for name in os.listdir(root):
-        m = STEP_RE.match(name)
-        if m and os.path.isfile(os.path.join(root, name, MANIFEST)):
+    for name in names:
+        m = STEP_RE.fullmatch(name)
+        if m and int(m.group(1)) <= INT64_MAX // 10 and os.path.exists(os.path.join(root, name, MANIFEST)):
             steps.append(int(m.group(1)))
     return sorted(steps, reverse=True)
 
 
-def load_step(root, step=None, rank=0, verify=False):
-    """Tensors and values of one rank's file of a committed step (default: the newest).
+def _arrays(tensors, data, bf16_as_float32):
+    out = {}
+    for t in tensors:
+        if t.name in data:
+            a = np.frombuffer(data[t.name], dtype=DTYPES[t.dtype]).reshape(t.shape)
+            if t.dtype == "BF16" and bf16_as_float32:
+                a = (a.astype(np.uint32) << 16).view(np.float32)
+            out[t.name] = a
+    return out
 
-    Returns {"step", "world_size", "tensors", "values", "metadata"}."""
+
+def read_shard(path, names=None, verify=None, bf16_as_float32=True):
+    """One shard file alone: ({name: numpy array}, {"step", "rank", "world_size", "values"}).
+
+    Checks the header as the C++ reader does and, when verifying, every tensor's XXH3. The file's
+    XXH3 and the header's agreement with the manifest need the step: use load_step/verify_step."""
+    hasher = _hasher(verify)
+    with _open(path) as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 8:
+            fail(path, "is %d bytes, too short for a shard header (truncated)" % size)
+        head = f.read(8)
+        try:
+            head += f.read(header_length(head, size))
+        except Reject as e:
+            fail(path, str(e))
+        h = parse_shard_header(head[8:], size, path)
+        data, _ = _read_data(f, path, head, h["tensors"], hasher, names)
+    info = {k: h[k] for k in ("step", "rank", "world_size", "values")}
+    return _arrays(h["tensors"], data, bf16_as_float32), info
+
+
+def find_step(path, step=None):
+    """`path` itself when it holds a manifest.json (and `step` is None), else the directory of `step`
+    under the checkpoint root `path` (default: the newest committed step)."""
+    if step is None and os.path.exists(os.path.join(path, MANIFEST)):
+        return path
     if step is None:
-        steps = committed_steps(root)
+        steps = committed_steps(path)
         if not steps:
-            raise CheckpointError("%s: no committed checkpoint" % root)
+            fail(path, "holds no committed checkpoint (no step_N directory with a manifest.json)")
         step = steps[0]
-    step_dir = os.path.join(root, "step_%010d" % step)
-    m = read_manifest(step_dir, verify=verify)
+    return os.path.join(path, step_directory_name(step))
+
+
+def load_step(root, step=None, rank=0, verify=None, names=None, bf16_as_float32=True):
+    """Tensors (`names`, None: all) and values of one rank's file of a committed step (find_step),
+    checked against the manifest (verify_shard). Returns {"step", "world_size", "states",
+    "tensors", "values", "metadata"}."""
+    step_dir = find_step(root, step)
+    m = read_manifest(step_dir, verify)
     files = [f for f in m["files"] if f["rank"] == rank]
     if not files:
-        raise CheckpointError("%s: rank %d wrote no file" % (step_dir, rank))
-    f = files[0]
-    path = os.path.join(step_dir, f["name"])
-    if os.path.getsize(path) != f["bytes"]:
-        raise CheckpointError("%s: size differs from the manifest's %d bytes" % (path, f["bytes"]))
-    tensors, info = read_shard(path, verify=verify)
-    return {"step": m["step"], "world_size": m["world_size"], "tensors": tensors,
-            "values": info["values"], "metadata": m.get("metadata", {})}
+        fail(os.path.join(step_dir, MANIFEST), "lists no file for rank %d" % rank)
+    h, data = verify_shard(step_dir, m["step"], files[0], verify, names)
+    return {"step": m["step"], "world_size": m["world_size"], "states": m["states"],
+            "tensors": _arrays(h["tensors"], data, bf16_as_float32), "values": h["values"],
+            "metadata": m["metadata"]}
 
 
 def main(argv=None):
@@ -227,28 +239,45 @@ def main(argv=None):
     p.add_argument("path", help="checkpoint root, step directory, or shard file")
     p.add_argument("--rank", type=int, default=0, help="whose file to read (default 0)")
     p.add_argument("--tensor", action="append", help="print this tensor's values")
-    p.add_argument("--verify", action="store_true", help="check XXH3 checksums (needs xxhash)")
+    p.add_argument("--verify", action="store_true",
+                   help="require checksums (needs python3-xxhash) and check every file of the step")
     a = p.parse_args(argv)
+    verify = True if a.verify else None
     try:
-        if os.path.isfile(a.path):
-            tensors, info = read_shard(a.path, verify=a.verify)
-            print("%s: step %d, rank %d of %d" % (a.path, info["step"], info["rank"], info["world_size"]))
+        path, rank = os.path.normpath(a.path), a.rank
+        lone = os.path.isfile(path) and not os.path.exists(os.path.join(os.path.dirname(path), MANIFEST))
+        if lone:
+            tensors, info = read_shard(path, verify=verify)
+            print("%s: step %d, rank %d of %d" % (path, info["step"], info["rank"], info["world_size"]))
             values = info["values"]
         else:
-            root, step = a.path, None
-            m = STEP_RE.match(os.path.basename(os.path.normpath(a.path)))
-            if m:
-                root, step = os.path.dirname(os.path.normpath(a.path)), int(m.group(1))
-            s = load_step(root, step, a.rank, verify=a.verify)
-            print("step %d, world size %d, rank %d's file" % (s["step"], s["world_size"], a.rank))
+            if os.path.isfile(path):  # a file of a committed step: read it through the manifest
+                m = re.fullmatch(r"rank_([0-9]{5})\.safetensors", os.path.basename(path))
+                if not m:
+                    fail(path, "is not named rank_NNNNN.safetensors, so no manifest entry describes it")
+                path, rank = os.path.dirname(path), int(m.group(1))
+            step_dir = find_step(path)
+            if a.verify:
+                verify_step(step_dir)
+            s = load_step(step_dir, rank=rank, verify=verify)
+            print("step %d, world size %d, rank %d's file" % (s["step"], s["world_size"], rank))
             tensors, values = s["tensors"], s["values"]
         for name, t in tensors.items():
             print("  %-50s %-8s %s" % (name, t.dtype, list(t.shape)))
         for k, v in sorted(values.items()):
             print("  value %s = %r" % (k, v))
         for name in a.tensor or []:
+            if name not in tensors:
+                fail(path, "holds no tensor %r; it holds %s" % (name, ", ".join(tensors)))
             print(name, "=", tensors[name])
-    except (CheckpointError, OSError, KeyError) as e:
+        if a.verify:
+            print("verified: " + ("every tensor's checksum; no manifest beside the file, so its file "
+                                  "checksum and its agreement with a manifest were not checked" if lone else
+                                  "the manifest and every file of the step against it (XXH3 of every "
+                                  "tensor and file)"))
+        elif _xxh3(required=False) is None:
+            print("checkpoint_reader: checksums not verified: " + XXHASH_HINT, file=sys.stderr)
+    except CheckpointError as e:
         print("checkpoint_reader: %s" % e, file=sys.stderr)
         return 1
     return 0
