@@ -7,8 +7,9 @@
 //   --shard: a shard file alone (read_shard_header: length prefix, header, size);
 //   --manifest: a manifest file alone (parse_manifest: checksum, structure).
 // Exits 0 whatever the verdicts; 2 on a usage error.
-#include <tandem/checkpoint/step_directory.h>
-#include <tandem/errors.h>
+#include <tandem/base/errors.h>
+
+#include "checkpoint/step_directory.h"
 
 #include <cstdio>
 #include <cstring>
