@@ -1,18 +1,20 @@
-// Strict JSON reader/writer (see include/tandem/checkpoint/json.h). No torch headers.
+// Strict JSON over nlohmann-json (see base/json.h): nlohmann lexes, validates and serialises; the
+// SAX handler here builds JsonValue and adds the limits, duplicate-key and non-finite checks.
 #include "base/json.h"
 
 #include <tandem/base/errors.h>
 
-#include <cerrno>
+#include <nlohmann/json.hpp>
+
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
+#include <iterator>
 #include <limits>
 #include <unordered_set>
 
 namespace tandem {
 namespace {
+
+using nlohmann::ordered_json;
 
 const char* type_name(JsonValue::Type t) {
   switch (t) {
@@ -32,288 +34,171 @@ const char* type_name(JsonValue::Type t) {
                         type_name(got) + "; the file is corrupt or not a tandem checkpoint.");
 }
 
-// Length of the UTF-8 sequence starting at s[i] if it is valid, else 0.
-size_t utf8_sequence(std::string_view s, size_t i) {
-  const auto c0 = static_cast<unsigned char>(s[i]);
-  if (c0 < 0x80) return 1;
-  size_t n;
-  uint32_t cp;
-  if (c0 >= 0xC2 && c0 <= 0xDF) {
-    n = 2;
-    cp = c0 & 0x1F;
-  } else if (c0 >= 0xE0 && c0 <= 0xEF) {
-    n = 3;
-    cp = c0 & 0x0F;
-  } else if (c0 >= 0xF0 && c0 <= 0xF4) {
-    n = 4;
-    cp = c0 & 0x07;
-  } else {
-    return 0;
-  }
-  if (s.size() - i < n) return 0;
-  for (size_t k = 1; k < n; ++k) {
-    const auto c = static_cast<unsigned char>(s[i + k]);
-    if ((c & 0xC0) != 0x80) return 0;
-    cp = (cp << 6) | (c & 0x3F);
-  }
-  if ((n == 3 && cp < 0x800) || (n == 4 && cp < 0x10000) || cp > 0x10FFFF ||
-      (cp >= 0xD800 && cp <= 0xDFFF)) {
-    return 0;
-  }
-  return n;
+[[noreturn]] void malformed(size_t offset, const std::string& why) {
+  throw CheckpointError("tandem: checkpoint: malformed JSON at byte " + std::to_string(offset) +
+                        ": " + why + ".");
 }
 
-void append_utf8(std::string& out, uint32_t cp) {
-  if (cp < 0x80) {
-    out += static_cast<char>(cp);
-  } else if (cp < 0x800) {
-    out += static_cast<char>(0xC0 | (cp >> 6));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else if (cp < 0x10000) {
-    out += static_cast<char>(0xE0 | (cp >> 12));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  } else {
-    out += static_cast<char>(0xF0 | (cp >> 18));
-    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
-    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
-    out += static_cast<char>(0x80 | (cp & 0x3F));
-  }
-}
-
-class Parser {
+// The input as nlohmann reads it, one byte at a time, recording how far it got: the SAX callbacks
+// have no position of their own, and an error must say where it is.
+class TrackedInput {
  public:
-  Parser(std::string_view text, const JsonLimits& limits) : s_(text), limits_(limits) {}
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
 
-  JsonValue parse_document() {
-    if (s_.size() > limits_.max_input_bytes) {
-      fail("input of " + std::to_string(s_.size()) + " bytes exceeds the limit of " +
-           std::to_string(limits_.max_input_bytes));
+  TrackedInput(const char* p, const char** read_to) : p_(p), read_to_(read_to) {}
+  reference operator*() const { return *p_; }
+  TrackedInput& operator++() {
+    *read_to_ = ++p_;
+    return *this;
+  }
+  bool operator==(const TrackedInput& o) const { return p_ == o.p_; }
+  bool operator!=(const TrackedInput& o) const { return p_ != o.p_; }
+
+ private:
+  const char* p_;
+  const char** read_to_;
+};
+
+// Builds the JsonValue tree. Containers being filled are on `open_`; a child container is pushed
+// into its parent first and filled in place (the parent does not grow until the child is closed).
+class Builder {
+ public:
+  Builder(const JsonLimits& limits, const char* begin, const char* const* read_to)
+      : limits_(limits), begin_(begin), read_to_(read_to) {}
+
+  JsonValue take() { return std::move(root_); }
+
+  bool null() { return add(JsonValue()); }
+  bool boolean(bool v) { return add(JsonValue(v)); }
+  bool number_integer(int64_t v) { return add(JsonValue(v)); }
+  // nlohmann reads non-negative integers as unsigned; above int64 they become doubles (callers that
+  // need an exact integer reject them).
+  bool number_unsigned(uint64_t v) {
+    if (v <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return add(JsonValue(static_cast<int64_t>(v)));
     }
-    skip_ws();
-    JsonValue v = parse_value(0);
-    skip_ws();
-    if (pos_ != s_.size()) fail("trailing bytes after the JSON value");
-    return v;
+    return add(JsonValue(static_cast<double>(v)));
+  }
+  bool number_float(double v, const std::string&) {
+    if (!std::isfinite(v)) fail("number out of range");
+    return add(JsonValue(v));
+  }
+  bool string(std::string& s) {
+    check_string(s);
+    return add(JsonValue(std::move(s)));
+  }
+  bool binary(ordered_json::binary_t&) { fail("binary data is not JSON"); }
+  bool start_object(size_t) { return open(JsonValue::object()); }
+  bool start_array(size_t) { return open(JsonValue::array()); }
+  bool end_object() { return close(); }
+  bool end_array() { return close(); }
+  bool key(std::string& k) {
+    check_string(k);
+    if (!keys_.back().insert(k).second) fail("duplicate key \"" + printable(k) + "\"");
+    key_ = std::move(k);
+    return true;
+  }
+  bool parse_error(size_t position, const std::string&, const nlohmann::detail::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 4: <what was expected>"
+    std::string what = e.what();
+    if (const size_t tag = what.find("] "); tag != std::string::npos) what.erase(0, tag + 2);
+    if (const size_t at = what.find(": "); what.rfind("parse error", 0) == 0 && at != std::string::npos) {
+      what.erase(0, at + 2);
+    }
+    malformed(position, printable(what));
   }
 
  private:
   [[noreturn]] void fail(const std::string& why) const {
-    throw CheckpointError("tandem: checkpoint: malformed JSON at byte " + std::to_string(pos_) +
-                          ": " + why + ".");
+    malformed(static_cast<size_t>(*read_to_ - begin_), why);
   }
 
-  bool at_end() const { return pos_ >= s_.size(); }
-  char peek() const { return at_end() ? '\0' : s_[pos_]; }
-
-  void skip_ws() {
-    while (!at_end()) {
-      const char c = s_[pos_];
-      if (c != ' ' && c != '\t' && c != '\n' && c != '\r') break;
-      ++pos_;
+  // Bytes that could garble a message (input echoed back) shown as '?'.
+  static std::string printable(std::string s) {
+    for (char& c : s) {
+      if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
     }
+    return s;
   }
 
-  void expect_literal(const char* lit) {
-    const size_t n = std::strlen(lit);
-    if (s_.size() - pos_ < n || s_.compare(pos_, n, lit) != 0) {
-      fail(std::string("expected '") + lit + "'");
-    }
-    pos_ += n;
-  }
-
-  JsonValue parse_value(int depth) {
-    if (depth > limits_.max_depth) fail("nesting deeper than " + std::to_string(limits_.max_depth));
-    if (at_end()) fail("unexpected end of input, expected a value");
-    const char c = s_[pos_];
-    switch (c) {
-      case '{': return parse_object(depth);
-      case '[': return parse_array(depth);
-      case '"': return JsonValue(parse_string());
-      case 't': expect_literal("true"); return JsonValue(true);
-      case 'f': expect_literal("false"); return JsonValue(false);
-      case 'n': expect_literal("null"); return JsonValue();
-      default:
-        if (c == '-' || (c >= '0' && c <= '9')) return parse_number();
-        fail(std::string("unexpected character '") + (c >= 0x20 && c < 0x7f ? std::string(1, c) : "?") +
-             "', expected a value");
+  void check_string(const std::string& s) const {
+    if (s.size() > limits_.max_string_bytes) {
+      fail("string longer than " + std::to_string(limits_.max_string_bytes) + " bytes");
     }
   }
 
-  JsonValue parse_object(int depth) {
-    ++pos_;  // '{'
-    JsonValue obj = JsonValue::object();
-    std::unordered_set<std::string> keys;
-    skip_ws();
-    if (peek() == '}') {
-      ++pos_;
-      return obj;
+  // Appends `v` where the parser is: the root, the open array, or the open object's current key.
+  JsonValue* place(JsonValue v) {
+    if (open_.size() > static_cast<size_t>(limits_.max_depth)) {
+      fail("nesting deeper than " + std::to_string(limits_.max_depth));
     }
-    for (;;) {
-      skip_ws();
-      if (peek() != '"') fail("expected a string key");
-      std::string key = parse_string();
-      if (!keys.insert(key).second) fail("duplicate key \"" + key + "\"");
-      skip_ws();
-      if (peek() != ':') fail("expected ':' after a key");
-      ++pos_;
-      skip_ws();
-      JsonValue v = parse_value(depth + 1);
-      obj.set(std::move(key), std::move(v));
-      skip_ws();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (peek() == '}') {
-        ++pos_;
-        return obj;
-      }
-      fail("expected ',' or '}' in an object");
+    if (open_.empty()) {
+      root_ = std::move(v);
+      return &root_;
     }
+    JsonValue& parent = *open_.back();
+    return parent.is_array() ? &parent.push_back(std::move(v)) : &parent.set(std::move(key_), std::move(v));
+  }
+  bool add(JsonValue v) {
+    place(std::move(v));
+    return true;
+  }
+  bool open(JsonValue container) {
+    const bool object = container.is_object();
+    open_.push_back(place(std::move(container)));
+    if (object) keys_.emplace_back();
+    return true;
+  }
+  bool close() {
+    if (open_.back()->is_object()) keys_.pop_back();
+    open_.pop_back();
+    return true;
   }
 
-  JsonValue parse_array(int depth) {
-    ++pos_;  // '['
-    JsonValue arr = JsonValue::array();
-    skip_ws();
-    if (peek() == ']') {
-      ++pos_;
-      return arr;
-    }
-    for (;;) {
-      skip_ws();
-      arr.push_back(parse_value(depth + 1));
-      skip_ws();
-      if (peek() == ',') {
-        ++pos_;
-        continue;
-      }
-      if (peek() == ']') {
-        ++pos_;
-        return arr;
-      }
-      fail("expected ',' or ']' in an array");
-    }
-  }
-
-  uint32_t parse_hex4() {
-    if (s_.size() - pos_ < 4) fail("truncated \\u escape");
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) {
-      const char c = s_[pos_++];
-      v <<= 4;
-      if (c >= '0' && c <= '9') v |= static_cast<uint32_t>(c - '0');
-      else if (c >= 'a' && c <= 'f') v |= static_cast<uint32_t>(c - 'a' + 10);
-      else if (c >= 'A' && c <= 'F') v |= static_cast<uint32_t>(c - 'A' + 10);
-      else fail("bad hex digit in a \\u escape");
-    }
-    return v;
-  }
-
-  std::string parse_string() {
-    ++pos_;  // opening quote
-    std::string out;
-    for (;;) {
-      if (at_end()) fail("unterminated string");
-      if (out.size() > limits_.max_string_bytes) {
-        fail("string longer than " + std::to_string(limits_.max_string_bytes) + " bytes");
-      }
-      const auto c = static_cast<unsigned char>(s_[pos_]);
-      if (c == '"') {
-        ++pos_;
-        return out;
-      }
-      if (c < 0x20) fail("unescaped control character in a string");
-      if (c == '\\') {
-        ++pos_;
-        if (at_end()) fail("unterminated escape");
-        const char e = s_[pos_++];
-        switch (e) {
-          case '"': out += '"'; break;
-          case '\\': out += '\\'; break;
-          case '/': out += '/'; break;
-          case 'b': out += '\b'; break;
-          case 'f': out += '\f'; break;
-          case 'n': out += '\n'; break;
-          case 'r': out += '\r'; break;
-          case 't': out += '\t'; break;
-          case 'u': {
-            uint32_t cp = parse_hex4();
-            if (cp >= 0xDC00 && cp <= 0xDFFF) fail("unpaired low surrogate");
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-              if (s_.size() - pos_ < 2 || s_[pos_] != '\\' || s_[pos_ + 1] != 'u') {
-                fail("unpaired high surrogate");
-              }
-              pos_ += 2;
-              const uint32_t lo = parse_hex4();
-              if (lo < 0xDC00 || lo > 0xDFFF) fail("unpaired high surrogate");
-              cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            }
-            append_utf8(out, cp);
-            break;
-          }
-          default: fail("bad escape character");
-        }
-        continue;
-      }
-      const size_t n = utf8_sequence(s_, pos_);
-      if (n == 0) fail("invalid UTF-8 in a string");
-      out.append(s_.data() + pos_, n);
-      pos_ += n;
-    }
-  }
-
-  JsonValue parse_number() {
-    const size_t start = pos_;
-    bool is_integer = true;
-    if (peek() == '-') ++pos_;
-    if (at_end()) fail("truncated number");
-    if (s_[pos_] == '0') {
-      ++pos_;
-      if (!at_end() && s_[pos_] >= '0' && s_[pos_] <= '9') fail("leading zero in a number");
-    } else if (s_[pos_] >= '1' && s_[pos_] <= '9') {
-      while (!at_end() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
-    } else {
-      fail("expected a digit");
-    }
-    if (!at_end() && s_[pos_] == '.') {
-      is_integer = false;
-      ++pos_;
-      if (at_end() || s_[pos_] < '0' || s_[pos_] > '9') fail("expected a digit after '.'");
-      while (!at_end() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
-    }
-    if (!at_end() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
-      is_integer = false;
-      ++pos_;
-      if (!at_end() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
-      if (at_end() || s_[pos_] < '0' || s_[pos_] > '9') fail("expected a digit in the exponent");
-      while (!at_end() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
-    }
-    const size_t len = pos_ - start;
-    if (len > 400) fail("number literal too long");
-    char buf[512];
-    std::memcpy(buf, s_.data() + start, len);
-    buf[len] = '\0';
-    if (is_integer) {
-      errno = 0;
-      char* end = nullptr;
-      const long long v = std::strtoll(buf, &end, 10);
-      if (errno == 0 && end == buf + len) return JsonValue(static_cast<int64_t>(v));
-      // Out of int64 range: keep it as a double (callers that need an exact integer reject it).
-    }
-    errno = 0;
-    char* end = nullptr;
-    const double d = std::strtod(buf, &end);
-    if (end != buf + len) fail("malformed number");
-    if (!std::isfinite(d)) fail("number out of range");
-    return JsonValue(d);
-  }
-
-  std::string_view s_;
   const JsonLimits& limits_;
-  size_t pos_ = 0;
+  const char* begin_;
+  const char* const* read_to_;
+  JsonValue root_;
+  std::vector<JsonValue*> open_;
+  std::vector<std::unordered_set<std::string>> keys_;  // per open object
+  std::string key_;
 };
+
+// The nlohmann value to serialise; object members are appended as they are (the caller owns keys),
+// without ordered_map's linear search for an existing key.
+ordered_json to_nlohmann(const JsonValue& v) {
+  switch (v.type()) {
+    case JsonValue::Type::kNull: return nullptr;
+    case JsonValue::Type::kBool: return v.as_bool("");
+    case JsonValue::Type::kInt: return v.as_int("");
+    case JsonValue::Type::kDouble: {
+      const double d = v.as_double("");
+      if (!std::isfinite(d)) throw CheckpointError("tandem: checkpoint: cannot write a non-finite number to JSON.");
+      return d;
+    }
+    case JsonValue::Type::kString: return v.as_string("");
+    case JsonValue::Type::kArray: {
+      ordered_json a = ordered_json::array();
+      auto& items = a.get_ref<ordered_json::array_t&>();
+      items.reserve(v.as_array("").size());
+      for (const auto& e : v.as_array("")) items.push_back(to_nlohmann(e));
+      return a;
+    }
+    case JsonValue::Type::kObject: {
+      ordered_json o = ordered_json::object();
+      using Members = ordered_json::object_t::Container;
+      auto& members = static_cast<Members&>(o.get_ref<ordered_json::object_t&>());
+      members.reserve(v.as_object("").size());
+      for (const auto& [k, e] : v.as_object("")) members.emplace_back(k, to_nlohmann(e));
+      return o;
+    }
+  }
+  return nullptr;
+}
 
 }  // namespace
 
@@ -398,102 +283,42 @@ JsonValue& JsonValue::set(std::string key, JsonValue v) {
   return object_.back().second;
 }
 
-void append_json_string(std::string& out, std::string_view s) {
-  static const char* kHex = "0123456789abcdef";
-  out += '"';
-  for (const char ch : s) {
-    const auto c = static_cast<unsigned char>(ch);
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
-      default:
-        if (c < 0x20) {
-          out += "\\u00";
-          out += kHex[c >> 4];
-          out += kHex[c & 0xF];
-        } else {
-          out += ch;
-        }
-    }
-  }
-  out += '"';
-}
-
-bool is_valid_utf8(std::string_view s) {
-  for (size_t i = 0; i < s.size();) {
-    const size_t n = utf8_sequence(s, i);
-    if (n == 0) return false;
-    i += n;
-  }
-  return true;
-}
-
 std::string JsonValue::dump(int indent) const {
-  std::string out;
-  dump_to(out, indent, 0);
-  return out;
-}
-
-void JsonValue::dump_to(std::string& out, int indent, int level) const {
-  auto newline = [&](int lvl) {
-    if (indent < 0) return;
-    out += '\n';
-    out.append(static_cast<size_t>(indent) * static_cast<size_t>(lvl), ' ');
-  };
-  switch (type_) {
-    case Type::kNull: out += "null"; return;
-    case Type::kBool: out += bool_ ? "true" : "false"; return;
-    case Type::kInt: out += std::to_string(int_); return;
-    case Type::kDouble: {
-      if (!std::isfinite(double_)) {
-        throw CheckpointError("tandem: checkpoint: cannot write a non-finite number to JSON.");
-      }
-      char buf[64];
-      std::snprintf(buf, sizeof(buf), "%.17g", double_);
-      std::string s(buf);
-      // Keep it a double on re-read ("1" would come back as an integer).
-      if (s.find_first_of(".eE") == std::string::npos) s += ".0";
-      out += s;
-      return;
-    }
-    case Type::kString: append_json_string(out, string_); return;
-    case Type::kArray: {
-      out += '[';
-      // Arrays of scalars stay on one line (shapes, offsets).
-      bool scalars = true;
-      for (const auto& v : array_) scalars = scalars && !v.is_array() && !v.is_object();
-      for (size_t i = 0; i < array_.size(); ++i) {
-        if (i > 0) out += (scalars && indent >= 0) ? ", " : ",";
-        if (!scalars) newline(level + 1);
-        array_[i].dump_to(out, indent, level + 1);
-      }
-      if (!scalars && !array_.empty()) newline(level);
-      out += ']';
-      return;
-    }
-    case Type::kObject: {
-      out += '{';
-      for (size_t i = 0; i < object_.size(); ++i) {
-        if (i > 0) out += ',';
-        newline(level + 1);
-        append_json_string(out, object_[i].first);
-        out += indent >= 0 ? ": " : ":";
-        object_[i].second.dump_to(out, indent, level + 1);
-      }
-      if (!object_.empty()) newline(level);
-      out += '}';
-      return;
-    }
+  try {
+    return to_nlohmann(*this).dump(indent < 0 ? -1 : indent);
+  } catch (const ordered_json::type_error& e) {  // 316: a string is not valid UTF-8
+    throw CheckpointError(std::string("tandem: checkpoint: cannot write JSON: ") + e.what() +
+                          "; names and string values must be valid UTF-8.");
   }
 }
 
 JsonValue parse_json(std::string_view text, const JsonLimits& limits) {
-  return Parser(text, limits).parse_document();
+  if (text.size() > limits.max_input_bytes) {
+    malformed(0, "input of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
+                     std::to_string(limits.max_input_bytes));
+  }
+  // nlohmann skips a UTF-8 byte-order mark; RFC 8259 forbids one in JSON text.
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") malformed(0, "byte-order mark before the value");
+  const char* read_to = text.data();
+  Builder builder(limits, text.data(), &read_to);
+  ordered_json::sax_parse(TrackedInput(text.data(), &read_to),
+                          TrackedInput(text.data() + text.size(), &read_to), &builder,
+                          ordered_json::input_format_t::json, /*strict=*/true,
+                          /*ignore_comments=*/false);
+  return builder.take();
+}
+
+void append_json_string(std::string& out, std::string_view s) {
+  out += ordered_json(std::string(s)).dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+bool is_valid_utf8(std::string_view s) {
+  try {
+    (void)ordered_json(std::string(s)).dump();
+    return true;
+  } catch (const ordered_json::type_error&) {
+    return false;
+  }
 }
 
 }  // namespace tandem

@@ -1,18 +1,23 @@
-// A small, strict JSON reader and writer for checkpoint headers and manifests.
+// Strict JSON for checkpoint headers and manifests, error files, traces and tuning records: a thin
+// wrapper over nlohmann-json (its lexer, parser and serializer) that adds what a reader of hostile
+// files needs and nlohmann does not enforce itself.
 //
-// Only what the checkpoint format needs, and nothing that can surprise: the parser accepts RFC 8259
-// JSON and rejects everything else (trailing commas, comments, NaN/Infinity, leading zeros,
-// unescaped control characters, invalid UTF-8 and unpaired surrogates, duplicate object keys,
-// trailing bytes). Every read is bounds-checked against the input; nesting depth, input size and
-// string length are limited (JsonLimits) so hostile input costs bounded time and memory. Errors
-// throw CheckpointError with the byte offset and what was expected. The parser is fuzzed
-// (tests/checkpoint/fuzz/) and never executes anything.
+// Reading (parse_json) accepts RFC 8259 JSON and rejects everything else: trailing commas,
+// comments, NaN/Infinity, leading zeros, unescaped control characters, invalid UTF-8 and unpaired
+// surrogates, a byte-order mark, trailing bytes (nlohmann's strict mode), plus duplicate object
+// keys and nesting deeper, input larger or strings longer than JsonLimits (enforced here, in the
+// SAX handler). The parser is fuzzed (tests/checkpoint/fuzz/) and never executes anything.
 //
 // Numbers: an integer literal that fits int64_t is kept exactly (is_int()); other numbers become
-// doubles. The writer prints int64 exactly and doubles with 17 significant digits (round trip);
-// it refuses non-finite doubles. Object members keep their order, so dump() is deterministic.
+// doubles. The writer prints int64 exactly and doubles in the shortest form that reads back to the
+// same bits (at most 17 significant digits, always with a '.' or exponent so they stay doubles);
+// it refuses non-finite doubles and strings that are not valid UTF-8. Object members keep their
+// order, so dump() is deterministic.
 //
-// Thread-safety: plain values; const methods may be called concurrently.
+// Ownership: JsonValue is a plain value that owns its children.
+// Thread-safety: const methods may be called concurrently; parse_json is reentrant.
+// Errors: CheckpointError, saying at which byte offset and what was expected (reading), which
+// member had the wrong type (typed access), or what cannot be written (dump).
 #pragma once
 
 #include <cstddef>
@@ -26,7 +31,7 @@ namespace tandem {
 
 struct JsonLimits {
   size_t max_input_bytes = 256u << 20;  // 256 MiB
-  int max_depth = 64;
+  int max_depth = 64;                   // values nested deeper than this are rejected
   size_t max_string_bytes = 64u << 20;
 };
 
@@ -72,12 +77,11 @@ class JsonValue {
   JsonValue& push_back(JsonValue v);
   JsonValue& set(std::string key, JsonValue v);
 
-  // Serialises. indent < 0: compact (no spaces); otherwise pretty with that many spaces per level.
+  // Serialises (nlohmann's serializer). indent < 0: compact (no spaces); otherwise pretty with that
+  // many spaces per level.
   std::string dump(int indent = -1) const;
 
  private:
-  void dump_to(std::string& out, int indent, int level) const;
-
   Type type_ = Type::kNull;
   bool bool_ = false;
   int64_t int_ = 0;
@@ -90,7 +94,8 @@ class JsonValue {
 // Parses exactly one JSON value spanning all of `text` (whitespace around it allowed).
 JsonValue parse_json(std::string_view text, const JsonLimits& limits = {});
 
-// Appends `s` as a JSON string literal (with quotes) to `out`.
+// Appends `s` as a JSON string literal (with quotes) to `out`; bytes that are not valid UTF-8
+// become U+FFFD, so the output is always valid JSON.
 void append_json_string(std::string& out, std::string_view s);
 
 // True when `s` is valid UTF-8 (no overlongs, no surrogates, <= U+10FFFF).

@@ -1,10 +1,12 @@
-// The timeline recorder (include/tandem/base/trace.h): per-thread buffers, Chrome-trace output.
+// The timeline recorder (include/tandem/base/trace.h): per-thread buffers of packed records in
+// mapped memory, Chrome-trace output.
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
 
 #include "base/json.h"
 
 #include <pthread.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -17,6 +19,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 
 namespace tandem::trace {
 
@@ -26,23 +29,92 @@ std::atomic<bool> g_enabled{false};
 
 namespace {
 
-struct Event {
-  char ph = 'X';
-  const char* category = "";
-  std::string name;
-  int64_t ts = 0;
-  int64_t dur = 0;
-  uint64_t id = 0;
-  std::string args;
+// One event, packed into a block: this header, then its name, then its args text.
+struct Record {
+  int64_t ts;
+  int64_t dur;
+  uint64_t id;
+  const char* category;
+  uint32_t name_size;
+  uint32_t args_size;
+  char ph;
+
+  const char* text() const { return reinterpret_cast<const char*>(this + 1); }
+  std::string_view name() const { return {text(), name_size}; }
+  std::string_view args() const { return {text() + name_size, args_size}; }
+  size_t bytes() const { return padded(sizeof(Record) + name_size + args_size); }
+  static size_t padded(size_t n) { return (n + alignof(Record) - 1) & ~(alignof(Record) - 1); }
+};
+
+// Records in memory mapped straight from the kernel, never taken from malloc. Events live until
+// stop(); in malloc's heap they sat between the short-lived tensors of every training step, so
+// glibc could not reuse the holes those left and the heap grew each step (docs/timeline.md,
+// "Memory"). A block's pages become resident only as records fill them.
+struct Block {
+  static constexpr size_t kBytes = size_t{1} << 20;
+  Block* next;
+  size_t capacity;  // bytes mapped, this header included
+  size_t used;
+
+  static Block* map(size_t record_bytes) {
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    const size_t want = std::max(kBytes, sizeof(Block) + record_bytes);
+    const size_t bytes = (want + page - 1) / page * page;
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return nullptr;
+    return new (p) Block{nullptr, bytes, Record::padded(sizeof(Block))};
+  }
+  char* base() { return reinterpret_cast<char*>(this); }
 };
 
 struct ThreadBuffer {
-  static constexpr size_t kChunk = 4096;
   std::mutex mutex;  // contended only by stop()
-  // Fixed-size chunks: growing never copies what was recorded (one big vector's regrowth did).
-  std::vector<std::vector<Event>> chunks;
+  Block* head = nullptr;
+  Block* tail = nullptr;
   int64_t tid = 0;
   std::string thread_name;
+
+  ~ThreadBuffer() { release(); }
+
+  // Copies the event in; false when no memory could be mapped for it.
+  bool append(char ph, const char* category, std::string_view name, int64_t ts, int64_t dur,
+              uint64_t id, std::string_view args) {
+    const size_t bytes = Record::padded(sizeof(Record) + name.size() + args.size());
+    if (tail == nullptr || tail->capacity - tail->used < bytes) {
+      Block* block = Block::map(bytes);
+      if (block == nullptr) return false;
+      (tail != nullptr ? tail->next : head) = block;
+      tail = block;
+    }
+    char* at = tail->base() + tail->used;
+    new (at) Record{ts, dur, id, category, static_cast<uint32_t>(name.size()),
+                    static_cast<uint32_t>(args.size()), ph};
+    std::memcpy(at + sizeof(Record), name.data(), name.size());
+    std::memcpy(at + sizeof(Record) + name.size(), args.data(), args.size());
+    tail->used += bytes;
+    return true;
+  }
+
+  template <class Fn>
+  void for_each(Fn&& fn) const {
+    for (Block* b = head; b != nullptr; b = b->next) {
+      for (size_t at = Record::padded(sizeof(Block)); at < b->used;) {
+        const auto* r = reinterpret_cast<const Record*>(b->base() + at);
+        fn(*r);
+        at += r->bytes();
+      }
+    }
+  }
+
+  // Unmaps every block: the thread's slot may keep this buffer alive after its session.
+  void release() {
+    while (head != nullptr) {
+      Block* next = head->next;
+      ::munmap(head, head->capacity);
+      head = next;
+    }
+    tail = nullptr;
+  }
 };
 
 struct Session {
@@ -58,6 +130,7 @@ Session g_session;
 std::vector<std::shared_ptr<ThreadBuffer>> g_buffers;
 std::atomic<uint64_t> g_generation{0};
 std::atomic<int64_t> g_count{0};  // events claimed this session (recorded + dropped)
+std::atomic<int64_t> g_unmapped{0};  // claimed, but no memory could be mapped for them
 std::atomic<int64_t> g_max{0};
 std::atomic<bool> g_allocator_events{false};
 
@@ -101,22 +174,21 @@ bool claim() {
   return g_count.fetch_add(1, std::memory_order_relaxed) < g_max.load(std::memory_order_relaxed);
 }
 
-void record(Event&& event) {
+void record(char ph, const char* category, std::string_view name, int64_t ts, int64_t dur,
+            uint64_t id, std::string_view args) {
   if (!enabled() || !claim()) return;
   ThreadBuffer* buffer = buffer_for_this_thread();
   if (buffer == nullptr) return;
   std::lock_guard<std::mutex> lock(buffer->mutex);
-  if (buffer->chunks.empty() || buffer->chunks.back().size() == ThreadBuffer::kChunk) {
-    buffer->chunks.emplace_back();
-    buffer->chunks.back().reserve(ThreadBuffer::kChunk);
+  if (!buffer->append(ph, category, name, ts, dur, id, args)) {
+    g_unmapped.fetch_add(1, std::memory_order_relaxed);
   }
-  buffer->chunks.back().push_back(std::move(event));
 }
 
-void append_event(std::string& out, const Event& e, int rank, int64_t tid) {
+void append_event(std::string& out, const Record& e, int rank, int64_t tid) {
   char head[160];
   out += "{\"name\":";
-  append_json_string(out, e.name);
+  append_json_string(out, e.name());
   out += ",\"cat\":";
   append_json_string(out, e.category);
   std::snprintf(head, sizeof head, ",\"ph\":\"%c\",\"ts\":%" PRId64 ",\"pid\":%d,\"tid\":%" PRId64,
@@ -125,7 +197,9 @@ void append_event(std::string& out, const Event& e, int rank, int64_t tid) {
   if (e.ph == 'X') out += ",\"dur\":" + std::to_string(e.dur);
   if (e.ph == 'b' || e.ph == 'e') out += ",\"id\":" + std::to_string(e.id);
   if (e.ph == 'i') out += ",\"s\":\"t\"";
-  out += ",\"args\":{" + e.args + "}}";
+  out += ",\"args\":{";
+  out += e.args();
+  out += "}}";
 }
 
 void append_metadata(std::string& out, const char* name, int rank, int64_t tid,
@@ -134,10 +208,18 @@ void append_metadata(std::string& out, const char* name, int rank, int64_t tid,
          ",\"tid\":" + std::to_string(tid) + ",\"args\":{" + args + "}}";
 }
 
-std::string render(const Session& session,
-                   const std::vector<std::shared_ptr<ThreadBuffer>>& buffers, int64_t recorded,
-                   int64_t dropped) {
+// Writes the session as Chrome-trace JSON to `f` in pieces of about 1 MiB: a full session (a
+// million events, ~150 MB of text) is never held twice. False on a write error.
+bool render(std::FILE* f, const Session& session,
+            const std::vector<std::shared_ptr<ThreadBuffer>>& buffers, int64_t recorded,
+            int64_t dropped) {
   std::string out = "{\"traceEvents\":[\n";
+  bool ok = true;
+  auto flush = [&](size_t at_least) {
+    if (out.size() < at_least) return;
+    ok = ok && std::fwrite(out.data(), 1, out.size(), f) == out.size();
+    out.clear();
+  };
   const int rank = session.rank;
   std::string name_arg = "\"name\":";
   append_json_string(name_arg, "rank " + std::to_string(rank));
@@ -152,18 +234,18 @@ std::string render(const Session& session,
                                        : buffer->thread_name);
     out += ",\n";
     append_metadata(out, "thread_name", rank, buffer->tid, thread_arg);
-    for (const auto& chunk : buffer->chunks) {
-      for (const Event& e : chunk) {
-        out += ",\n";
-        append_event(out, e, rank, buffer->tid);
-      }
-    }
+    buffer->for_each([&](const Record& e) {
+      out += ",\n";
+      append_event(out, e, rank, buffer->tid);
+      flush(size_t{1} << 20);
+    });
   }
   out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"tandem_trace_version\":1,\"rank\":" +
          std::to_string(rank) + ",\"recorded_events\":" + std::to_string(recorded) +
          ",\"dropped_events\":" + std::to_string(dropped) +
          ",\"clock\":\"CLOCK_REALTIME microseconds\"}}\n";
-  return out;
+  flush(0);
+  return ok;
 }
 
 void make_directories(const std::string& dir) {
@@ -181,10 +263,12 @@ void make_directories(const std::string& dir) {
   }
 }
 
-void write_file(const std::string& path, const std::string& text) {
+// Writes through a temporary name and a rename, so a reader never sees half a file.
+template <class Write>
+void write_file(const std::string& path, Write&& write) {
   const std::string tmp = path + ".tmp";
   std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  bool ok = f != nullptr && write(f);
   if (f != nullptr) ok = (std::fclose(f) == 0) && ok;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
@@ -224,6 +308,7 @@ void start(const TraceOptions& options, int rank) {
   g_session.max_events = options.max_events;
   g_buffers.clear();
   g_count.store(0);
+  g_unmapped.store(0);
   g_max.store(options.max_events);
   g_allocator_events.store(options.allocator_events);
   g_generation.store(g_session.generation, std::memory_order_release);
@@ -244,7 +329,19 @@ std::string stop() {
   }
   const Stats s = stats();
   const std::string path = session.dir + "/rank" + std::to_string(session.rank) + ".json";
-  write_file(path, render(session, buffers, s.recorded, s.dropped));
+  auto release = [&buffers] {  // threads' slots may keep their buffers: keep no events there
+    for (const auto& buffer : buffers) {
+      std::lock_guard<std::mutex> lock(buffer->mutex);
+      buffer->release();
+    }
+  };
+  try {
+    write_file(path, [&](std::FILE* f) { return render(f, session, buffers, s.recorded, s.dropped); });
+  } catch (...) {
+    release();
+    throw;
+  }
+  release();
   return path;
 }
 
@@ -291,54 +388,24 @@ Args& Args::add_int(std::string_view k, int64_t value) {
 void complete(std::string_view name, const char* category, int64_t begin_us, int64_t end_us,
               const Args& args) {
   if (!enabled()) return;
-  Event e;
-  e.ph = 'X';
-  e.category = category;
-  e.name = std::string(name);
-  e.ts = begin_us;
-  e.dur = end_us > begin_us ? end_us - begin_us : 0;
-  e.args = args.body();
-  record(std::move(e));
+  record('X', category, name, begin_us, end_us > begin_us ? end_us - begin_us : 0, 0, args.body());
 }
 
 void async_span(std::string_view name, const char* category, uint64_t id, int64_t begin_us,
                 int64_t end_us, const Args& args) {
   if (!enabled()) return;
-  Event b;
-  b.ph = 'b';
-  b.category = category;
-  b.name = std::string(name);
-  b.ts = begin_us;
-  b.id = id;
-  b.args = args.body();
-  Event e = b;
-  e.ph = 'e';
-  e.ts = std::max(begin_us, end_us);
-  e.args.clear();
-  record(std::move(b));
-  record(std::move(e));
+  record('b', category, name, begin_us, 0, id, args.body());
+  record('e', category, name, std::max(begin_us, end_us), 0, id, {});
 }
 
 void instant(std::string_view name, const char* category, const Args& args) {
   if (!enabled()) return;
-  Event e;
-  e.ph = 'i';
-  e.category = category;
-  e.name = std::string(name);
-  e.ts = now_us();
-  e.args = args.body();
-  record(std::move(e));
+  record('i', category, name, now_us(), 0, 0, args.body());
 }
 
 void counter(std::string_view name, const Args& values) {
   if (!enabled()) return;
-  Event e;
-  e.ph = 'C';
-  e.category = kMemory;
-  e.name = std::string(name);
-  e.ts = now_us();
-  e.args = values.body();
-  record(std::move(e));
+  record('C', kMemory, name, now_us(), 0, 0, values.body());
 }
 
 void Span::end() {
@@ -351,8 +418,9 @@ Stats stats() {
   Stats s;
   const int64_t claimed = g_count.load();
   const int64_t cap = g_max.load();
-  s.recorded = std::min(claimed, cap);
-  s.dropped = claimed > cap ? claimed - cap : 0;
+  const int64_t unmapped = g_unmapped.load();
+  s.recorded = std::min(claimed, cap) - unmapped;
+  s.dropped = (claimed > cap ? claimed - cap : 0) + unmapped;
   return s;
 }
 

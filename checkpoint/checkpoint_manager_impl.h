@@ -1,20 +1,21 @@
-// CheckpointManager internals shared by checkpoint_manager.cpp (registration, staging, the async
-// writer, the two-phase commit) and checkpoint_resume.cpp (verified, agreed resume). Not installed.
+// CheckpointManager internals shared by its parts: checkpoint_manager.cpp (construction,
+// registration, user values), checkpoint_save.cpp (collecting and staging state, the async writer),
+// checkpoint_commit.cpp (one save's two-phase commit across ranks) and checkpoint_resume.cpp
+// (verified, agreed resume). Not installed.
 #pragma once
 
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/collectives/communicator.h>
 
+#include "base/serial_executor.h"
 #include "checkpoint/step_directory.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 namespace tandem {
@@ -32,10 +33,6 @@ inline std::string strip_prefix(const std::string& msg) {
 }
 
 constexpr const char* kUserState = "user";
-
-// Host memory for staging and loading: large buffers are 2 MiB aligned and advised to use
-// transparent huge pages, which cuts the first-touch page-fault cost of a fresh GiB several-fold.
-at::Tensor host_buffer(at::IntArrayRef shape, at::ScalarType dtype);
 
 struct Entry {
   std::string name;
@@ -81,47 +78,48 @@ struct CheckpointManager::Impl {
   std::vector<at::Tensor> staging;  // reused host buffers (async mode)
   int64_t resumed = -1;
 
-  // Writer thread state, guarded by `mu`.
+  // What the last save left, guarded by `mu` (async saves report from the writer's thread).
   std::mutex mu;
-  std::condition_variable cv;
-  std::unique_ptr<Job> pending;  // handed over, not yet picked up
-  bool busy = false;             // a job is pending or running
-  bool stop = false;
-  std::exception_ptr error;      // the last job's failure, not yet reported
+  std::exception_ptr error;  // the last save's failure, not yet reported
   SaveStats stats;
-  std::thread writer;
+  // Async saves run here, one at a time. Last member: it finishes its job before the state that
+  // job uses is destroyed.
+  SerialExecutor writer{"tandem-ckpt"};
 
   void warn(const std::string& msg) const;
 
-  // ---- collectives over the private communicator (no-ops for one process) ----
+  // ---- collectives over the private communicator (checkpoint_commit.cpp) ----
+  // No-ops for a single process.
   int64_t allreduce_int(int64_t v, ReduceOp op) const;
 
   // All-gathers every rank's shard report; ranks whose write failed go to `failed`.
   std::vector<ShardReport> exchange_reports(const ShardReport& mine, bool ok,
                                             std::vector<int>* failed) const;
 
-  // ---- the writer ----
-  void writer_loop();
-
+  // ---- one save's commit (checkpoint_commit.cpp) ----
   // Phase 1 (every rank) and phase 2 (rank 0) of one save. Every rank runs the same collectives
   // whatever fails locally, so a failure never desynchronises the ranks.
   SaveStats run_job(Job& job);
 
+  // ---- saving (checkpoint_save.cpp) ----
+  // Blocks until no async save is in flight.
   void wait_idle();
-
+  // Rethrows (once) the error of a failed async save.
   void rethrow_error();
 
-  // ---- saving ----
+  // The registered states plus the built-in "user" values.
   std::vector<Entry> all_entries();
-
   bool any_sharded() const;
 
+  // Snapshots every state this rank writes (copied into `staging` in async mode).
   std::unique_ptr<Job> collect(int64_t step);
 
   void save(int64_t step);
 
-  // ---- resuming ----
+  // ---- resuming (checkpoint_resume.cpp) ----
   Candidate evaluate(int64_t step);
+  // Reads the pieces of every sliced state into `c`; false (and `c` invalid) on a damaged file.
+  bool read_slices(const Manifest& m, int64_t step, Candidate* c);
 
   int64_t resume();
 };

@@ -1,9 +1,11 @@
 // CheckpointManager::resume(): every rank verifies its candidates, the ranks agree on the newest
 // step valid everywhere, then all apply it (see include/tandem/checkpoint/checkpoint_manager.h).
 #include "checkpoint/checkpoint_manager_impl.h"
+#include "checkpoint/host_buffer.h"
 
 #include <ATen/ops/empty.h>
 
+#include <algorithm>
 #include <limits>
 #include <map>
 #include <string>
@@ -12,6 +14,41 @@
 namespace tandem {
 
 using namespace detail;
+
+// Sliced states: from every file of the checkpoint, the pieces each state wants (a rank reads only
+// what overlaps its own slices, whatever world size wrote them); values from rank 0's file.
+bool CheckpointManager::Impl::read_slices(const Manifest& m, int64_t step, Candidate* c) {
+  for (const Entry& e : entries) {
+    if (e.sharding != Sharding::kSliced) continue;
+    auto* sliced = static_cast<SlicedCheckpointable*>(e.state.get());
+    const std::string prefix = e.name + "/";
+    StateDict& dict = c->states[e.name];
+    for (const ManifestFile& file : m.files) {
+      try {
+        verify_shard(*fs, opts.directory, step, file, [&](const TensorRecord& r) -> void* {
+          if (r.name.compare(0, prefix.size(), prefix) != 0) return nullptr;
+          const std::string key = r.name.substr(prefix.size());
+          if (!sliced->wants(key)) return nullptr;
+          at::Tensor t = host_buffer(r.shape, to_scalar_type(r.dtype));
+          dict.tensors.emplace_back(key, t);
+          return t.data_ptr();
+        }, /*only_destined=*/true);
+      } catch (const CrashError&) {
+        throw;
+      } catch (const CheckpointError& err) {
+        c->states.clear();
+        c->status = Candidate::kInvalid;
+        c->reason = strip_prefix(err.what());
+        return false;
+      }
+      if (file.rank != 0) continue;
+      for (const auto& [full, v] : file.values) {
+        if (full.compare(0, prefix.size(), prefix) == 0) dict.values[full.substr(prefix.size())] = v;
+      }
+    }
+  }
+  return true;
+}
 
 CheckpointManager::Impl::Candidate CheckpointManager::Impl::evaluate(int64_t step) {
   Candidate c;
@@ -53,8 +90,12 @@ CheckpointManager::Impl::Candidate CheckpointManager::Impl::evaluate(int64_t ste
     }
   }
   const bool same_world = m.world_size == world;
+  // Sliced states load at any world size (below); only per-rank states are bound to it.
+  const bool any_per_rank = std::any_of(entries.begin(), entries.end(), [](const Entry& e) {
+    return e.sharding == Sharding::kSharded;
+  });
   bool skip_sharded = false;
-  if (!same_world && any_sharded()) {
+  if (!same_world && any_per_rank) {
     std::string names;
     for (const auto& e : entries) {
       if (e.sharding == Sharding::kSharded) names += (names.empty() ? "" : ", ") + e.name;
@@ -88,7 +129,7 @@ CheckpointManager::Impl::Candidate CheckpointManager::Impl::evaluate(int64_t ste
     return c;
   }
   needs.push_back({f0, true, rank == 0 && !skip_sharded});
-  if (rank != 0 && !skip_sharded && any_sharded()) {
+  if (rank != 0 && !skip_sharded && any_per_rank) {
     const ManifestFile* fr = m.file_of_rank(rank);
     if (fr == nullptr) {
       c.status = Candidate::kInvalid;
@@ -107,6 +148,7 @@ CheckpointManager::Impl::Candidate CheckpointManager::Impl::evaluate(int64_t ste
       *key = full.substr(slash + 1);
       const auto it = wanted.find(*state);
       if (it == wanted.end()) return false;
+      if (it->second->sharding == Sharding::kSliced) return false;  // read below
       const bool rep = it->second->sharding == Sharding::kReplicated;
       return rep ? need.replicated : need.sharded;
     };
@@ -131,6 +173,7 @@ CheckpointManager::Impl::Candidate CheckpointManager::Impl::evaluate(int64_t ste
       if (take(full, &state, &key)) c.states[state].values[key] = v;
     }
   }
+  if (!read_slices(m, step, &c)) return c;
   for (const auto& e : wanted_entries) {
     if (skip_sharded && e.sharding == Sharding::kSharded) {
       c.states.erase(e.name);

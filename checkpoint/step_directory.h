@@ -95,8 +95,10 @@ Manifest read_manifest(FileSystem& fs, const std::string& root, int64_t step);
 // returns where the tensor's bytes go (record.nbytes() writable bytes), or nullptr to read and
 // verify without keeping them. Throws CheckpointError naming the file and the reason.
 using DestinationFn = std::function<void*(const TensorRecord&)>;
+// With `only_destined`, tensors without a destination are not read, and the whole-file checksum
+// (which needs every byte) is not checked: the header and every tensor read still are.
 void verify_shard(FileSystem& fs, const std::string& root, int64_t step, const ManifestFile& file,
-                  const DestinationFn& destination);
+                  const DestinationFn& destination, bool only_destined = false);
 
 // The steps under `root`: committed ones (named step_N and holding manifest.json), newest first,
 // and the step-like entries that are not committed with the reason (for warnings).

@@ -1,13 +1,22 @@
-// Built-in Checkpointable adapters (internal to libtandem): modules, optimizers, generators,
-// tensor and value callbacks.
+// Built-in Checkpointable adapters (internal to libtandem): modules, generators, tensor and value
+// callbacks (training_state.cpp), optimizers (optimizer_state.cpp).
 #pragma once
 
-#include <tandem/checkpoint/checkpoint_manager.h>
+#include <tandem/checkpoint/checkpointable.h>
+
+#include <ATen/core/Generator.h>
 
 #include <functional>
 #include <map>
 #include <memory>
 #include <string>
+
+namespace torch::nn {
+class Module;
+}  // namespace torch::nn
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
 
 namespace tandem::detail {
 

@@ -1,5 +1,9 @@
 #include "collectives/codec_wire.h"
 
+#include "collectives/cast_kernels.h"
+#include "collectives/gloo_communicator.h"
+
+#include <ATen/Parallel.h>
 #include <ATen/ops/div.h>
 #include <ATen/ops/empty.h>
 
@@ -11,6 +15,51 @@ namespace {
 
 uint64_t nbytes(const at::Tensor& t) {
   return static_cast<uint64_t>(t.numel()) * t.element_size();
+}
+
+// Whether casts between float32 `high` and `low` can take the CPU kernels of cast_kernels.h.
+bool kernel_cast(const at::Tensor& high, const at::Tensor& low) {
+  return high.scalar_type() == at::kFloat &&
+         (low.scalar_type() == at::kHalf || low.scalar_type() == at::kBFloat16) &&
+         high.is_cpu() && low.is_cpu() && high.is_contiguous() && low.is_contiguous() &&
+         high.numel() == low.numel();
+}
+
+// Elements per task when a cast is split over ATen's intra-op threads.
+constexpr int64_t kCastGrain = int64_t{1} << 18;
+
+// low = (high / divisor) rounded to low's dtype.
+void narrow_into(at::Tensor low, const at::Tensor& high, int divisor) {
+  if (!kernel_cast(high, low)) {
+    if (divisor == 1) {
+      low.copy_(high);
+    } else {
+      at::div_out(low, high, divisor);
+    }
+    return;
+  }
+  const kernels::CastKernels& k = kernels::cast_kernels();
+  const auto narrow = low.scalar_type() == at::kHalf ? k.to_half : k.to_bf16;
+  const float* in = high.data_ptr<float>();
+  auto* out = static_cast<uint16_t*>(low.data_ptr());
+  at::parallel_for(0, high.numel(), kCastGrain, [&](int64_t begin, int64_t end) {
+    narrow(in + begin, out + begin, static_cast<size_t>(end - begin), static_cast<float>(divisor));
+  });
+}
+
+// high = low, widened.
+void widen_into(const at::Tensor& high, const at::Tensor& low) {
+  if (!kernel_cast(high, low)) {
+    high.copy_(low);
+    return;
+  }
+  const kernels::CastKernels& k = kernels::cast_kernels();
+  const auto widen = low.scalar_type() == at::kHalf ? k.from_half : k.from_bf16;
+  const auto* in = static_cast<const uint16_t*>(low.data_ptr());
+  float* out = high.data_ptr<float>();
+  at::parallel_for(0, low.numel(), kCastGrain, [&](int64_t begin, int64_t end) {
+    widen(in + begin, out + begin, static_cast<size_t>(end - begin));
+  });
 }
 
 }  // namespace
@@ -35,6 +84,16 @@ WorkPtr ForwardingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t
 }
 WorkPtr ForwardingCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
   return inner_.recv(tensor, src, tag);
+}
+WorkPtr ForwardingCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire,
+                                                  int divisor) {
+  if (auto* forwarding = dynamic_cast<ForwardingCommunicator*>(&inner_)) {
+    return forwarding->allreduce_narrowed(tensor, wire, divisor);
+  }
+  if (auto* gloo = dynamic_cast<GlooCommunicator*>(&inner_)) {
+    return gloo->allreduce_narrowed(tensor, wire, divisor);
+  }
+  return nullptr;
 }
 std::shared_ptr<Communicator> ForwardingCommunicator::new_group(const std::vector<int>& ranks) {
   return inner_.new_group(ranks);
@@ -81,6 +140,13 @@ WorkPtr CountingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t t
   return work;
 }
 
+WorkPtr CountingCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire,
+                                                int divisor) {
+  WorkPtr work = ForwardingCommunicator::allreduce_narrowed(tensor, wire, divisor);
+  if (work) sent_ += allreduce_bytes(tensor.numel() * c10::elementSize(wire), size());
+  return work;
+}
+
 // ---- CastingCommunicator ---------------------------------------------------------------------
 
 bool CastingCommunicator::casts(const at::Tensor& t) const {
@@ -110,32 +176,36 @@ WorkPtr CastingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
   if (!casts(tensor)) return inner_.allreduce(tensor, op);
   // Average as a sum of pre-divided values: n values near the dtype's maximum cannot overflow.
   const bool average = op == ReduceOp::kAvg;
-  at::Tensor low = wire_copy(tensor);
-  if (average) {
-    at::div_out(low, tensor, size());
-  } else {
-    low.copy_(tensor);
+  if (average || op == ReduceOp::kSum) {
+    if (WorkPtr fused = ForwardingCommunicator::allreduce_narrowed(tensor, wire_dtype_,
+                                                                   average ? size() : 1)) {
+      return fused;
+    }
   }
+  at::Tensor low = wire_copy(tensor);
+  narrow_into(low, tensor, average ? size() : 1);
   WorkPtr work = inner_.allreduce(low, average ? ReduceOp::kSum : op);
-  return std::make_shared<ContinuationWork>(std::move(work), [tensor, low] { tensor.copy_(low); });
+  return std::make_shared<ContinuationWork>(std::move(work),
+                                            [tensor, low] { widen_into(tensor, low); });
 }
 
 WorkPtr CastingCommunicator::broadcast(const at::Tensor& tensor, int root) {
   if (!casts(tensor)) return inner_.broadcast(tensor, root);
   at::Tensor low = wire_copy(tensor);
-  low.copy_(tensor);
+  narrow_into(low, tensor, 1);
   WorkPtr work = inner_.broadcast(low, root);
-  return std::make_shared<ContinuationWork>(std::move(work), [tensor, low] { tensor.copy_(low); });
+  return std::make_shared<ContinuationWork>(std::move(work),
+                                            [tensor, low] { widen_into(tensor, low); });
 }
 
 WorkPtr CastingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
   if (!casts(input)) return inner_.allgather(output, input);
   at::Tensor low_in = wire_copy(input);
-  low_in.copy_(input);
+  narrow_into(low_in, input, 1);
   at::Tensor low_out = wire_copy(output);
   WorkPtr work = inner_.allgather(low_out, low_in);
   return std::make_shared<ContinuationWork>(std::move(work),
-                                            [output, low_out] { output.copy_(low_out); });
+                                            [output, low_out] { widen_into(output, low_out); });
 }
 
 WorkPtr CastingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
@@ -143,15 +213,11 @@ WorkPtr CastingCommunicator::reduce_scatter(const at::Tensor& output, const at::
   if (!casts(input)) return inner_.reduce_scatter(output, input, op);
   const bool average = op == ReduceOp::kAvg;
   at::Tensor low_in = wire_copy(input);
-  if (average) {
-    at::div_out(low_in, input, size());
-  } else {
-    low_in.copy_(input);
-  }
+  narrow_into(low_in, input, average ? size() : 1);
   at::Tensor low_out = wire_copy(output);
   WorkPtr work = inner_.reduce_scatter(low_out, low_in, average ? ReduceOp::kSum : op);
   return std::make_shared<ContinuationWork>(std::move(work),
-                                            [output, low_out] { output.copy_(low_out); });
+                                            [output, low_out] { widen_into(output, low_out); });
 }
 
 // ---- ContinuationWork ------------------------------------------------------------------------

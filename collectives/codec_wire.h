@@ -37,6 +37,11 @@ class ForwardingCommunicator : public Communicator {
 
   Communicator& inner() const { return inner_; }
 
+  // Sum of float32 `tensor`, its values travelling as `wire` after division by `divisor`, fused
+  // by the communicator underneath (GlooCommunicator::allreduce_narrowed, through any wrappers);
+  // null where it has no such op.
+  virtual WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor);
+
  protected:
   Communicator& inner_;
 };
@@ -52,6 +57,7 @@ class CountingCommunicator final : public ForwardingCommunicator {
   WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
   WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
   WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+  WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) override;
 
   // What an all-reduce of `bytes` sends from each of `ranks` ranks.
   static uint64_t allreduce_bytes(uint64_t bytes, int ranks);
@@ -68,7 +74,8 @@ class CountingCommunicator final : public ForwardingCommunicator {
 // values cannot overflow where their average does not. Results are copied back into the caller's
 // tensors when the op's Work is waited for. Other dtypes pass unchanged. The wire copy of a
 // tensor is kept while the tensor's storage lives (gradient buckets are long-lived), so a cast
-// costs one pass and no fresh pages.
+// costs one pass and no fresh pages. A float32 sum or average the communicator underneath can
+// fuse with the casts (allreduce_narrowed: shared memory) needs no wire copy at all.
 class CastingCommunicator final : public ForwardingCommunicator {
  public:
   CastingCommunicator(Communicator& inner, at::ScalarType wire_dtype)

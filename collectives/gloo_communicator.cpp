@@ -1,135 +1,38 @@
+// GlooCommunicator: connection (rendezvous through the store, shared-memory all-reduce), the op
+// queue every collective runs on, failure state, and sub-groups. The collectives are in
+// gloo_collectives.cpp, send/recv in gloo_p2p.cpp.
 #include "collectives/gloo_communicator.h"
 
 #include "collectives/gloo_store_adapter.h"
-#include "collectives/reduce_kernels.h"
 #include "collectives/shm_allreduce.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
-#include <gloo/types.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <ATen/ops/empty.h>
 
-#include <pthread.h>
-
 #include <algorithm>
-#include <atomic>
 
 namespace tandem {
 
-namespace {
-
-// Slot prefixes for tandem's own transfers; Gloo's collectives use 0x01..0x08.
-constexpr uint8_t kP2PSlotPrefix = 0x20;
-constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
-
-bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+namespace detail {
 
 bool looks_like_timeout(const std::string& what) {
   return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
 }
 
-// Gloo's typed setters only use sizeof(T): pick an unsigned type of the element's width.
-template <class Setter>
-void with_element_type(size_t element_size, Setter&& set) {
-  switch (element_size) {
-    case 1: set(static_cast<uint8_t*>(nullptr)); break;
-    case 2: set(static_cast<uint16_t*>(nullptr)); break;
-    case 4: set(static_cast<uint32_t*>(nullptr)); break;
-    case 8: set(static_cast<uint64_t*>(nullptr)); break;
-    default: throw CommError("tandem: unsupported element size " + std::to_string(element_size));
-  }
-}
-
-template <class T>
-T* typed(const at::Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
-
-// Contiguous tensor with the caller's data (itself when already contiguous).
 at::Tensor contiguous_view(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
 
 void copy_back(const at::Tensor& target, const at::Tensor& buffer) {
   if (!buffer.is_same(target)) target.copy_(buffer.view(target.sizes()));
 }
 
-}  // namespace
-
-// A posted send/recv: kept alive by the communicator until waited, because Gloo's transport
-// writes into the buffer until the op completes.
-struct GlooP2PState {
-  at::Tensor target;   // the caller's tensor
-  at::Tensor staging;  // contiguous buffer the transport reads/writes (may be `target`)
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-  bool is_send = false;
-  std::atomic<bool> waited{false};
-  std::exception_ptr error;
-};
-
-namespace {
-
-class GlooP2PWork : public Work {
- public:
-  GlooP2PWork(std::shared_ptr<GlooP2PState> state, OpDescription description,
-              std::weak_ptr<GlooCommunicator> comm, std::chrono::milliseconds default_timeout)
-      : state_(std::move(state)),
-        description_(std::move(description)),
-        comm_(std::move(comm)),
-        default_timeout_(default_timeout) {}
-
-  void wait(std::chrono::milliseconds timeout) override {
-    if (state_->waited) {
-      if (state_->error) std::rethrow_exception(state_->error);
-      return;
-    }
-    if (timeout == kDefaultTimeout) timeout = default_timeout_;
-    try {
-      if (state_->buffer) {
-        const bool ok = state_->is_send ? state_->buffer->waitSend(timeout)
-                                        : state_->buffer->waitRecv(timeout);
-        if (!ok) throw CommError("the communicator was aborted");
-      }
-      if (!state_->is_send) copy_back(state_->target, state_->staging);
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      const bool timed_out = looks_like_timeout(what);
-      const std::string msg =
-          "tandem: " + description_.str() + (timed_out ? " timed out" : " failed") + " after " +
-          format_elapsed(issued_at_) + ": " + what +
-          (timed_out ? ". The peer is hung or never posted the matching op (same tag, same size)."
-                     : ". The peer probably died; see its log.") +
-          " The communicator is now unusable.";
-      state_->error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
-                                : std::make_exception_ptr(CommError(msg));
-      state_->waited = true;
-      if (auto comm = comm_.lock()) comm->mark_broken(msg);
-      std::rethrow_exception(state_->error);
-    }
-    state_->waited = true;
-  }
-
-  bool is_completed() override { return state_->waited; }
-  std::string describe() const override { return description_.str(); }
-
- private:
-  std::shared_ptr<GlooP2PState> state_;
-  OpDescription description_;
-  std::weak_ptr<GlooCommunicator> comm_;
-  std::chrono::milliseconds default_timeout_;
-  AsyncWork::Clock::time_point issued_at_ = AsyncWork::Clock::now();
-};
-
-}  // namespace
+}  // namespace detail
 
 std::shared_ptr<Communicator> connect_gloo(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, const GlooOptions& options) {
@@ -191,16 +94,14 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
   context_ = std::move(context);
   // Collective like the rendezvous above: every rank reaches the same answer.
   shm_ = connect_shm_allreduce(store_, prefix_, rank_, world_ranks_, options_);
-  op_thread_ = std::thread([this] { run_ops(); });
 }
 
 GlooCommunicator::~GlooCommunicator() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+  try {
+    ops_.drain();  // every queued op runs (and completes its Work) before the context goes
+  } catch (...) {
+    // Ops report through their Work; nothing escapes run_op.
   }
-  queue_cv_.notify_all();
-  if (op_thread_.joinable()) op_thread_.join();
   // Unwaited sends/recvs may still be referenced by the transport: close connections first.
   const bool pending = std::any_of(p2p_in_flight_.begin(), p2p_in_flight_.end(),
                                    [](const auto& s) { return !s->waited; });
@@ -255,248 +156,42 @@ WorkPtr GlooCommunicator::enqueue(OpDescription description, std::function<void(
                                           [weak](const std::string& msg) {
                                             if (auto self = weak.lock()) self->mark_broken(msg);
                                           });
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(Task{work, std::move(run)});
-  }
-  queue_cv_.notify_one();
+  ops_.submit([this, work, run = std::move(run)] { run_op(*work, run); });
   return work;
 }
 
-void GlooCommunicator::run_ops() {
-  pthread_setname_np(pthread_self(), "tandem-gloo");
-  for (;;) {
-    Task task;
-    std::string broken;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      queue_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      task = std::move(queue_.front());
-      queue_.pop_front();
-      broken = broken_reason_;
-    }
-    const OpDescription& d = task.work->description();
-    std::exception_ptr error;
-    if (!broken.empty()) {
-      error = std::make_exception_ptr(CommError(
-          "tandem: " + d.str() + " was not run: the communicator became unusable: " + broken));
-    } else {
-      try {
-        trace::Span span(d.name.c_str(), trace::kComm);  // the op on the wire, on this thread
-        if (trace::enabled()) span.arg("op", d.str());
-        task.run();
-      } catch (const std::exception& e) {
-        const std::string what = e.what();
-        const bool timed_out = looks_like_timeout(what);
-        const std::string msg =
-            "tandem: " + d.str() + (timed_out ? " timed out" : " failed") + " after " +
-            format_elapsed(task.work->issued_at()) + ": " + what +
-            (timed_out ? ". A peer rank is hung or did not issue this op (ranks must issue "
-                         "collectives in the same order)."
-                       : ". A peer rank probably died; see its log.") +
-            " The communicator is now unusable.";
-        mark_broken(msg);
-        error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
-                          : std::make_exception_ptr(CommError(msg));
-      }
-    }
-    task.work->finish(error);
-  }
-}
-
-WorkPtr GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
-  check_tensor(tensor, "allreduce", "tensor", c10::DeviceType::CPU, "gloo");
-  check_reduce_op(tensor, op, "allreduce");
-  auto d = describe("allreduce", std::string(to_string(op)) + ", " + tensor_summary(tensor));
-  const ReduceFn fn = reduce_kernel(tensor.scalar_type(), op);
-  const uint32_t tag = static_cast<uint32_t>(d.seq);
-  const uint64_t seq = d.seq;
-  return enqueue(std::move(d), [this, tensor, op, fn, tag, seq] {
-    if (tensor.numel() == 0) return;
-    at::Tensor buf = contiguous_view(tensor);
-    const size_t nbytes = buf.numel() * buf.element_size();
-    if (shm_) {
-      shm_->allreduce(buf, op, seq);  // divides for avg itself
-      copy_back(tensor, buf);
-      return;
-    }
-    if (size() > 1) {
-      gloo::AllreduceOptions opts(context_);
-      with_element_type(buf.element_size(), [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        opts.setOutput<T>(typed<T>(buf), buf.numel());
-      });
-      opts.setReduceFunction(fn);
-      opts.setTag(tag);
-      opts.setTimeout(options_.timeout);
-      const bool small = nbytes < options_.ring_threshold_bytes && is_power_of_two(size());
-      opts.setAlgorithm(small ? gloo::AllreduceOptions::Algorithm::BCUBE
-                              : gloo::AllreduceOptions::Algorithm::RING);
-      gloo::allreduce(opts);
-    }
-    if (op == ReduceOp::kAvg) buf.div_(size());
-    copy_back(tensor, buf);
-  });
-}
-
-WorkPtr GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
-  check_tensor(tensor, "broadcast", "tensor", c10::DeviceType::CPU, "gloo");
-  check_peer(root, size(), "broadcast", "root");
-  auto d = describe("broadcast", "root " + std::to_string(root) + ", " + tensor_summary(tensor));
-  const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, tensor, root, tag] {
-    if (tensor.numel() == 0 || size() == 1) return;
-    at::Tensor buf = contiguous_view(tensor);
-    gloo::BroadcastOptions opts(context_);
-    with_element_type(buf.element_size(), [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      opts.setOutput<T>(typed<T>(buf), buf.numel());
-    });
-    opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout);
-    gloo::broadcast(opts);
-    if (rank_ != root) copy_back(tensor, buf);
-  });
-}
-
-WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
-  check_tensor(output, "allgather", "output", c10::DeviceType::CPU, "gloo");
-  check_tensor(input, "allgather", "input", c10::DeviceType::CPU, "gloo");
-  check_scaled_numel(output, "output", input, "input", size(), "allgather");
-  auto d = describe("allgather", tensor_summary(input) + " per rank");
-  const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, output, input, tag] {
-    if (input.numel() == 0) return;
-    at::Tensor in = contiguous_view(input);
-    at::Tensor out = contiguous_view(output);
-    if (size() == 1) {
-      out.view(in.sizes()).copy_(in);
-    } else {
-      gloo::AllgatherOptions opts(context_);
-      with_element_type(in.element_size(), [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        opts.setInput<T>(typed<T>(in), in.numel());
-        opts.setOutput<T>(typed<T>(out), out.numel());
-      });
-      opts.setTag(tag);
-      opts.setTimeout(options_.timeout);
-      gloo::allgather(opts);
-    }
-    copy_back(output, out);
-  });
-}
-
-WorkPtr GlooCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
-                                         ReduceOp op) {
-  check_tensor(output, "reduce_scatter", "output", c10::DeviceType::CPU, "gloo");
-  check_tensor(input, "reduce_scatter", "input", c10::DeviceType::CPU, "gloo");
-  check_scaled_numel(input, "input", output, "output", size(), "reduce_scatter");
-  check_reduce_op(input, op, "reduce_scatter");
-  auto d = describe("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(input));
-  const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, output, input, op, tag] {
-    if (output.numel() == 0) return;
-    // The ring reduces in place, so it works on a private copy of the input.
-    at::Tensor buf = input.reshape({-1}).clone();
-    at::Tensor out = contiguous_view(output);
-    ring_reduce_scatter(buf, out, op, tag);
-    if (op == ReduceOp::kAvg) out.div_(size());
-    copy_back(output, out);
-  });
-}
-
-void GlooCommunicator::ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, ReduceOp op,
-                                           uint32_t tag) {
-  const int p = size();
-  const int64_t n = out.numel();
-  const size_t chunk_bytes = static_cast<size_t>(n) * buffer.element_size();
-  char* base = static_cast<char*>(buffer.data_ptr());
-  if (p > 1) {
-    const ReduceFn fn = reduce_kernel(buffer.scalar_type(), op);
-    at::Tensor incoming = buffer.new_empty({n});
-    auto send_buf = context_->createUnboundBuffer(base, chunk_bytes * p);
-    auto recv_buf = context_->createUnboundBuffer(incoming.data_ptr(), chunk_bytes);
-    const int right = (rank_ + 1) % p;
-    const int left = (rank_ + p - 1) % p;
-    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
-    auto chunk = [p](int c) { return ((c % p) + p) % p; };
-    // Step s: pass chunk (r-s-1) right, fold chunk (r-s-2) from the left into ours. After p-1
-    // steps chunk r holds the full reduction.
-    for (int s = 0; s < p - 1; ++s) {
-      const int send_chunk = chunk(rank_ - s - 1);
-      const int recv_chunk = chunk(rank_ - s - 2);
-      send_buf->send(right, slot, send_chunk * chunk_bytes, chunk_bytes);
-      recv_buf->recv(left, slot, 0, chunk_bytes);
-      if (!recv_buf->waitRecv(options_.timeout)) throw CommError("receive aborted");
-      char* dst = base + recv_chunk * chunk_bytes;
-      fn(dst, dst, incoming.data_ptr(), static_cast<size_t>(n));
-      if (!send_buf->waitSend(options_.timeout)) throw CommError("send aborted");
-    }
-  }
-  out.copy_(buffer.narrow(0, rank_ * n, n).view(out.sizes()));
-}
-
-WorkPtr GlooCommunicator::barrier() {
-  auto d = describe("barrier", "");
-  const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, tag] {
-    if (size() == 1) return;
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout);
-    gloo::barrier(opts);
-  });
-}
-
-WorkPtr GlooCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
-  return post_p2p(tensor, dst, tag, /*is_send=*/true);
-}
-
-WorkPtr GlooCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
-  return post_p2p(tensor, src, tag, /*is_send=*/false);
-}
-
-WorkPtr GlooCommunicator::post_p2p(const at::Tensor& tensor, int peer, uint32_t tag,
-                                   bool is_send) {
-  const char* op = is_send ? "send" : "recv";
-  check_tensor(tensor, op, "tensor", c10::DeviceType::CPU, "gloo");
-  check_peer(peer, size(), op, is_send ? "dst" : "src");
-  if (peer == rank_) {
-    throw CommError(std::string("tandem: ") + op + " to/from this rank (" +
-                    std::to_string(rank_) + ") is not supported; copy the tensor locally.");
-  }
-  auto d = describe(op,
-                    tensor_summary(tensor) + (is_send ? ", to " : ", from ") +
-                        std::to_string(peer) + ", tag " + std::to_string(tag),
-                    /*p2p=*/true);
-  throw_if_broken(d);
-  auto state = std::make_shared<GlooP2PState>();
-  state->is_send = is_send;
-  state->target = tensor;
-  state->staging = is_send ? contiguous_view(tensor)
-                           : (tensor.is_contiguous() ? tensor : tensor.new_empty(tensor.sizes()));
-  const size_t nbytes = state->staging.numel() * state->staging.element_size();
+void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run) {
+  std::string broken;
   {
-    // Posting under the lock makes the posting order the issue order.
     std::lock_guard<std::mutex> lock(mutex_);
-    if (nbytes > 0) {
-      state->buffer = context_->createUnboundBuffer(state->staging.data_ptr(), nbytes);
-      const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, tag);
-      if (is_send) {
-        state->buffer->send(peer, slot);
-      } else {
-        state->buffer->recv(peer, slot);
-      }
-    }
-    p2p_in_flight_.erase(std::remove_if(p2p_in_flight_.begin(), p2p_in_flight_.end(),
-                                        [](const auto& s) { return s->waited.load(); }),
-                         p2p_in_flight_.end());
-    p2p_in_flight_.push_back(state);
+    broken = broken_reason_;
   }
-  return std::make_shared<GlooP2PWork>(std::move(state), std::move(d), weak_from_this(),
-                                       options_.timeout);
+  const OpDescription& d = work.description();
+  std::exception_ptr error;
+  if (!broken.empty()) {
+    error = std::make_exception_ptr(CommError(
+        "tandem: " + d.str() + " was not run: the communicator became unusable: " + broken));
+  } else {
+    try {
+      trace::Span span(d.name.c_str(), trace::kComm);  // the op on the wire, on this thread
+      if (trace::enabled()) span.arg("op", d.str());
+      run();
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const bool timed_out = detail::looks_like_timeout(what);
+      const std::string msg =
+          "tandem: " + d.str() + (timed_out ? " timed out" : " failed") + " after " +
+          format_elapsed(work.issued_at()) + ": " + what +
+          (timed_out ? ". A peer rank is hung or did not issue this op (ranks must issue "
+                       "collectives in the same order)."
+                     : ". A peer rank probably died; see its log.") +
+          " The communicator is now unusable.";
+      mark_broken(msg);
+      error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
+                        : std::make_exception_ptr(CommError(msg));
+    }
+  }
+  work.finish(error);
 }
 
 std::shared_ptr<GlooCommunicator> GlooCommunicator::make_group(const std::vector<int>& ranks,

@@ -1,24 +1,49 @@
-// Internal: the Gloo implementation behind connect_gloo().
+// Internal: the Gloo implementation behind connect_gloo(), in three files: connection, op queue
+// and groups (gloo_communicator.cpp), collectives (gloo_collectives.cpp), point-to-point
+// (gloo_p2p.cpp).
 #pragma once
 
+#include "base/serial_executor.h"
 #include "collectives/async_work.h"
 
 #include <tandem/collectives/gloo_communicator.h>
 
 #include <gloo/context.h>
 #include <gloo/transport/device.h>
+#include <gloo/transport/unbound_buffer.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <condition_variable>
-#include <deque>
+#include <atomic>
+#include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
-#include <thread>
 
 namespace tandem {
 
-struct GlooP2PState;
 class ShmAllreduce;
+
+namespace detail {
+
+// True when a Gloo error message says it timed out.
+bool looks_like_timeout(const std::string& what);
+// Contiguous tensor with the caller's data (itself when already contiguous).
+at::Tensor contiguous_view(const at::Tensor& t);
+// Copies `buffer` into `target` unless they are the same tensor.
+void copy_back(const at::Tensor& target, const at::Tensor& buffer);
+
+}  // namespace detail
+
+// A posted send/recv: kept alive by the communicator until waited, because Gloo's transport
+// writes into the buffer until the op completes.
+struct GlooP2PState {
+  at::Tensor target;   // the caller's tensor
+  at::Tensor staging;  // contiguous buffer the transport reads/writes (may be `target`)
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  bool is_send = false;
+  std::atomic<bool> waited{false};
+  std::exception_ptr error;
+};
 
 class GlooCommunicator final : public Communicator,
                                public std::enable_shared_from_this<GlooCommunicator> {
@@ -46,20 +71,22 @@ class GlooCommunicator final : public Communicator,
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override;
 
+  // Sum of float32 `tensor` with the values travelling as `wire` (kHalf, kBFloat16), each rank
+  // sending (tensor / divisor) rounded: ShmAllreduce::allreduce_narrowed. Null where the op would
+  // not go through shared memory, or `tensor` is not contiguous float32: the caller casts itself
+  // (the same op on the wire, so ranks may differ in which they take).
+  WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor);
+
   // Marks the communicator broken with `reason` (first reason wins).
   void mark_broken(const std::string& reason);
 
  private:
-  struct Task {
-    std::shared_ptr<AsyncWork> work;
-    std::function<void()> run;
-  };
-
   OpDescription describe(const char* name, std::string detail, bool p2p = false);
   // Queues `run` on the op thread; throws CommError at once if the communicator is broken.
   WorkPtr enqueue(OpDescription description, std::function<void()> run);
+  // Runs one queued op on the op thread and completes its Work.
+  void run_op(AsyncWork& work, const std::function<void()>& run);
   WorkPtr post_p2p(const at::Tensor& tensor, int peer, uint32_t tag, bool is_send);
-  void run_ops();
   void throw_if_broken(const OpDescription& description);
   std::shared_ptr<GlooCommunicator> make_group(const std::vector<int>& ranks,
                                                const std::string& name);
@@ -76,16 +103,15 @@ class GlooCommunicator final : public Communicator,
   // Allreduce through shared memory when every rank is on this host (null: Gloo).
   std::unique_ptr<ShmAllreduce> shm_;
 
-  std::mutex mutex_;  // guards everything below
-  std::condition_variable queue_cv_;
-  std::deque<Task> queue_;
-  bool stopping_ = false;
+  std::mutex mutex_;  // guards the members up to ops_
   std::string broken_reason_;
   uint64_t next_collective_seq_ = 0;
   uint64_t next_p2p_seq_ = 0;
   uint64_t next_group_ = 0;
   std::vector<std::shared_ptr<GlooP2PState>> p2p_in_flight_;
-  std::thread op_thread_;
+  // The op thread ("tandem-gloo"): collectives run there one after another, in issue order.
+  // Last: drained by the destructor while everything above still lives.
+  SerialExecutor ops_{"tandem-gloo"};
 };
 
 }  // namespace tandem

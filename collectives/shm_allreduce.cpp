@@ -1,6 +1,7 @@
 #include "collectives/shm_allreduce.h"
 
 #include "collectives/async_work.h"
+#include "collectives/cast_kernels.h"
 #include "collectives/gloo_store_adapter.h"
 #include "collectives/reduce_kernels.h"
 #include "collectives/tensor_checks.h"
@@ -22,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <new>
 #include <random>
 
@@ -278,24 +280,58 @@ void ShmAllreduce::check_same_op(uint64_t op_seq, uint64_t bytes, int dtype, int
   }
 }
 
+// How an op's elements move between the caller's tensor and the segment.
+struct ShmAllreduce::Transfer {
+  size_t user_size;  // bytes per element in the caller's tensor
+  size_t wire_size;  // bytes per element in the segment
+  // `n` elements from the tensor into the segment, and from the segment into the tensor.
+  std::function<void(const char* from, char* to, size_t n)> in, out;
+  bool plain;  // in and out are copies: the reduction reads this rank's chunk from the tensor
+};
+
 void ShmAllreduce::allreduce(const at::Tensor& buffer, ReduceOp op, uint64_t op_seq) {
   const size_t esize = buffer.element_size();
+  auto copy = [esize](const char* from, char* to, size_t n) { std::memcpy(to, from, n * esize); };
+  run(buffer, buffer.scalar_type(), op, Transfer{esize, esize, copy, copy, true}, op_seq);
+}
+
+void ShmAllreduce::allreduce_narrowed(const at::Tensor& buffer, at::ScalarType wire,
+                                      float divisor, uint64_t op_seq) {
+  const kernels::CastKernels& k = kernels::cast_kernels();
+  const auto narrow = wire == at::kHalf ? k.to_half : k.to_bf16;
+  const auto widen = wire == at::kHalf ? k.from_half : k.from_bf16;
+  const Transfer t{
+      sizeof(float), sizeof(uint16_t),
+      [narrow, divisor](const char* f, char* to, size_t n) {
+        narrow(reinterpret_cast<const float*>(f), reinterpret_cast<uint16_t*>(to), n, divisor);
+      },
+      [widen](const char* f, char* to, size_t n) {
+        widen(reinterpret_cast<const uint16_t*>(f), reinterpret_cast<float*>(to), n);
+      },
+      false};
+  run(buffer, wire, ReduceOp::kSum, t, op_seq);
+}
+
+void ShmAllreduce::run(const at::Tensor& buffer, at::ScalarType wire, ReduceOp op,
+                       const Transfer& t, uint64_t op_seq) {
   const size_t numel = static_cast<size_t>(buffer.numel());
-  const ReduceFn fn = reduce_kernel(buffer.scalar_type(), op);
+  const ReduceFn fn = reduce_kernel(wire, op);
   if (const uint32_t word = header_->abort_word.load(std::memory_order_acquire); word != 0) {
     throw CommError("shared-memory allreduce refused: " + abort_reason(word));
   }
   if (numel == 0) return;
 
+  // The op's identity is what travels: a narrowed op matches a plain one of the wire dtype.
   RankBlock& me = ranks_[rank_];
   me.op_seq = op_seq;
-  me.op_bytes = numel * esize;
-  me.op_dtype = static_cast<int32_t>(buffer.scalar_type());
+  me.op_bytes = numel * t.wire_size;
+  me.op_dtype = static_cast<int32_t>(wire);
   me.op_reduce = static_cast<int32_t>(op);
 
   char* const base = static_cast<char*>(buffer.data_ptr());
-  const size_t seg_elems = slot_bytes_ / esize;
-  const size_t align = 64 / esize;  // chunk boundaries on cache lines: no false sharing
+  const size_t ws = t.wire_size;
+  const size_t seg_elems = slot_bytes_ / ws;
+  const size_t align = 64 / ws;  // chunk boundaries on cache lines: no false sharing
   const uint64_t steps = (numel + seg_elems - 1) / seg_elems;
   for (uint64_t k = 0; k < steps; ++k) {
     const uint64_t s = ++step_;
@@ -304,21 +340,25 @@ void ShmAllreduce::allreduce(const at::Tensor& buffer, ReduceOp op, uint64_t op_
     const size_t chunk = round_up((n + size_ - 1) / size_, align);
     const size_t lo = std::min(n, rank_ * chunk);
     const size_t hi = std::min(n, (rank_ + 1) * chunk);
-    char* const src = base + k * seg_elems * esize;
+    char* const src = base + k * seg_elems * t.user_size;
     char* const mine = slot(b, rank_);
     char* const result = slot(b, size_);
 
     // 1. Contribute: the peers need every chunk but ours.
-    std::memcpy(mine, src, lo * esize);
-    std::memcpy(mine + hi * esize, src + hi * esize, (n - hi) * esize);
+    t.in(src, mine, lo);
+    t.in(src + hi * t.user_size, mine + hi * ws, n - hi);
     publish(2 * s - 1);
     wait_progress(2 * s - 1, "contribute", k + 1, steps);
-    if (k == 0) check_same_op(op_seq, numel * esize, me.op_dtype, me.op_reduce);
+    if (k == 0) check_same_op(op_seq, numel * ws, me.op_dtype, me.op_reduce);
 
-    // 2. Reduce chunk `rank_` over ranks 0..size-1, in that order, into the result area.
+    // 2. Reduce chunk `rank_` over ranks 0..size-1, in that order, into the result area. Our own
+    // part is read from the tensor, or narrowed into our slot (where no peer reads) first.
     if (hi > lo) {
-      const size_t off = lo * esize;
-      auto input = [&](int q) -> const char* { return q == rank_ ? src + off : slot(b, q) + off; };
+      const size_t off = lo * ws;
+      if (!t.plain) t.in(src + lo * t.user_size, mine + off, hi - lo);
+      auto input = [&](int q) -> const char* {
+        return q == rank_ && t.plain ? src + off : slot(b, q) + off;
+      };
       fn(result + off, input(0), input(1), hi - lo);
       for (int q = 2; q < size_; ++q) fn(result + off, result + off, input(q), hi - lo);
       if (op == ReduceOp::kAvg) {
@@ -329,7 +369,7 @@ void ShmAllreduce::allreduce(const at::Tensor& buffer, ReduceOp op, uint64_t op_
     wait_progress(2 * s, "reduce its chunk of", k + 1, steps);
 
     // 3. Everyone's chunks, ours included, back into the tensor.
-    std::memcpy(src, result, n * esize);
+    t.out(result, src, n);
   }
 }
 

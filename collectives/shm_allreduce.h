@@ -23,6 +23,9 @@
 //      order (its own contribution read straight from its tensor) into the result area, divides
 //      there for avg, and publishes progress = 2s ("reduced");
 //   3. waits until every rank reduced and copies the whole result area into its tensor.
+// allreduce_narrowed() runs the same steps on a float32 tensor whose values travel as float16 or
+// bfloat16: step 1 narrows instead of copying, step 2 first narrows the rank's own chunk into its
+// slot, step 3 widens.
 // After the first "arrived" of an op every rank compares the peers' op identity with its own and
 // stops the communicator (CommError on all ranks) if they differ, instead of mixing unrelated
 // data. Every element is reduced by exactly one rank, so all ranks hold the same bits. Buffer reuse
@@ -70,6 +73,13 @@ class ShmAllreduce {
   // allreduce (`op_seq`, bytes, dtype or op differ), or the communicator was aborted.
   void allreduce(const at::Tensor& buffer, ReduceOp op, uint64_t op_seq);
 
+  // Sum of the contiguous float32 `buffer` with the values travelling as `wire` (kHalf or
+  // kBFloat16): the bits of allreduce(kSum) over the wire copy (buffer / divisor).to(wire),
+  // widened back into `buffer`, without the copy: the casts happen on the way into and out of
+  // the segment. To the peers it is that op on the wire dtype. Errors as allreduce().
+  void allreduce_narrowed(const at::Tensor& buffer, at::ScalarType wire, float divisor,
+                          uint64_t op_seq);
+
   // Any thread, any time: fails the in-flight and every later allreduce on every rank.
   void abort();
 
@@ -79,6 +89,10 @@ class ShmAllreduce {
   static size_t segment_bytes(int size, size_t slot_bytes);
 
  private:
+  struct Transfer;
+  // The algorithm, for `buffer` whose elements travel as `wire` through `t`.
+  void run(const at::Tensor& buffer, at::ScalarType wire, ReduceOp op, const Transfer& t,
+           uint64_t op_seq);
   // First rank whose progress is below `target`, or -1.
   int first_behind(uint64_t target) const;
   // Until every rank's progress reached `target`; `what` and the segment numbers go into errors.

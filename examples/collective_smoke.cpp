@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "examples/cli.h"
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -35,7 +37,7 @@ int main(int argc, char** argv) {
   CLI::App app("tandem collective smoke test: run under tandemrun");
   int iterations = 20;
   app.add_option("--iterations", iterations, "allreduce repetitions per size")->check(CLI::PositiveNumber);
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = examples::parse_flags(app, argc, argv); status >= 0) return status;
 
   try {
     auto dist = tandem::init();

@@ -6,7 +6,7 @@
 //
 // Demonstrates tandem's gradient codecs: the tiny transformer LM of train_lm is trained twice from
 // the same seed on the same batches, once with plain all-reduce averaging and once with the codec
-// of the config's compression section (fp16, bf16, powersgd, topk, sign, and compression.wire;
+// of the config's compression section (fp16, bf16, auto, powersgd, topk, sign, and compression.wire;
 // see docs/compression.md). train.steps, batch_size, lr and seed come from the config too. Rank 0 prints, for both, the bytes each rank put on
 // the wire per step and the loss, so the saving and its price in loss are side by side.
 #include <tandem/tandem.h>

@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "examples/cli.h"
 #include "examples/tiny_lm.h"
 
 namespace {
@@ -51,11 +52,8 @@ int main(int argc, char** argv) {
     bool fresh = false;
     app.add_option("--crash-at-step", crash_at, "rank 1 SIGKILLs itself at this step (first attempt)");
     app.add_flag("--fresh", fresh, "delete checkpoint.directory first (first attempt only)");
-    try {
-      app.parse(ctx.argc(), ctx.argv());
-    } catch (const CLI::ParseError& e) {
-      return app.exit(e);
-    }
+    if (const int status = examples::parse_flags(app, ctx.argc(), ctx.argv()); status >= 0)
+      return status;
     at::set_num_threads(1);
     const auto& train = ctx.config().train;
     const int rank = ctx.rank();
@@ -112,10 +110,14 @@ int main(int argc, char** argv) {
       ckpt.maybe_save(step + 1);
     }
     ckpt.wait();
-    if (rank == 0)
-      std::printf("finished %lld steps: loss %.4f, parameter checksum %016llx\n",
-                  static_cast<long long>(train.steps), loss_value,
+    if (rank == 0) {
+      // Resumed at the final step, this attempt ran no step: there is no loss to report.
+      char loss[64] = "no step left to run, so no loss";
+      if (first < train.steps) std::snprintf(loss, sizeof loss, "loss %.4f", loss_value);
+      std::printf("finished %lld steps: %s, parameter checksum %016llx\n",
+                  static_cast<long long>(train.steps), loss,
                   static_cast<unsigned long long>(parameter_checksum(model)));
+    }
     return 0;
   });
 }

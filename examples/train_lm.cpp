@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cstdio>
 
+#include "examples/cli.h"
 #include "examples/tiny_lm.h"
 
 int main(int argc, char** argv) {
@@ -34,11 +35,8 @@ int main(int argc, char** argv) {
         ->check(CLI::PositiveNumber);
     app.add_option("--layers", lm.layers, "transformer blocks")->check(CLI::PositiveNumber);
     app.add_option("--save", save, "where rank 0 saves the trained model");
-    try {
-      app.parse(ctx.argc(), ctx.argv());
-    } catch (const CLI::ParseError& e) {
-      return app.exit(e);
-    }
+    if (const int status = examples::parse_flags(app, ctx.argc(), ctx.argv()); status >= 0)
+      return status;
     if (lm.dim % lm.heads != 0)
       throw tandem::ConfigError("--heads " + std::to_string(lm.heads) + " does not divide --dim " +
                                 std::to_string(lm.dim));

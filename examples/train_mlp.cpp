@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstdio>
 
+#include "examples/cli.h"
+
 namespace {
 
 struct MlpImpl : torch::nn::Module {
@@ -42,7 +44,7 @@ int main(int argc, char** argv) {
   app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
   app.add_option("--log-every", log_every, "progress line every N steps")->check(CLI::PositiveNumber);
   app.add_option("--seed", seed, "seed of model init and data");
-  CLI11_PARSE(app, argc, argv);
+  if (const int status = examples::parse_flags(app, argc, argv); status >= 0) return status;
 
   try {
     at::set_num_threads(1);

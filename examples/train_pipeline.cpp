@@ -8,7 +8,8 @@
 // interleaved with pipeline.virtual_stages, zbh1), or a schedule file with --schedule-file;
 // train.steps, batch_size, lr and seed come from the config too. The last stage's rank prints
 // the loss; at the end rank 0 writes the schedule picture of the last step with measured durations (SVG) and a Chrome trace,
-// and prints the measured bubble next to the bubble simulated from the measured per-stage costs.
+// and prints the measured bubble next to the bubble simulated from the measured per-stage costs
+// and the send/receive costs seen in the last step.
 // With a world larger than --stages, ranks form pipeline x data-parallel groups (2D).
 #include <tandem/runtime/context.h>
 #include <tandem/runtime/pipeline_parallel.h>
@@ -19,6 +20,8 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+
+#include "examples/cli.h"
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);  // lines reach tandemrun even if killed later
@@ -35,11 +38,8 @@ int main(int argc, char** argv) {
     app.add_option("--log-every", log_every, "loss line every N steps")->check(CLI::PositiveNumber);
     app.add_option("--svg", svg, "where rank 0 writes the schedule picture of the last step");
     app.add_option("--trace", trace, "where rank 0 writes the Chrome trace of the last step");
-    try {
-      app.parse(ctx.argc(), ctx.argv());
-    } catch (const CLI::ParseError& e) {
-      return app.exit(e);
-    }
+    if (const int status = examples::parse_flags(app, ctx.argc(), ctx.argv()); status >= 0)
+      return status;
     const auto& train = ctx.config().train;
     const int64_t steps = train.steps, batch = train.batch_size;
     const uint64_t seed = train.seed;
@@ -104,7 +104,7 @@ int main(int argc, char** argv) {
     auto costs = pipe.measured_costs();
     const auto bubble = pipe.measured_bubble();
     const auto timeline = pipe.gather_timeline();
-    costs.send_latency = tandem::pipeline::measured_send_latency(timeline);
+    costs.comm = tandem::pipeline::measured_comm_costs({timeline});
     const auto simulated = tandem::pipeline::simulate(pipe.schedule(), costs);
     double measured = 0;
     for (double b : bubble) measured += b / static_cast<double>(bubble.size());
@@ -125,7 +125,7 @@ int main(int argc, char** argv) {
       std::printf("\nschedule picture: %s\nchrome trace: %s\n", svg.c_str(), trace.c_str());
       std::printf(
           "measured bubble %.3f (last step, mean over ranks); simulated with measured costs %.3f\n",
-          measured, simulated.mean_bubble);
+          measured, simulated.mean_own_bubble);
     }
     return 0;
   });

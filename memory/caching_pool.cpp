@@ -446,7 +446,9 @@ std::string CachingPool::Impl::oom_message_locked(std::size_t bytes, std::size_t
   if (s.fragmentation() > 0.5 && free_cached >= static_cast<std::int64_t>(bytes))
     m << "the free memory is fragmented, so set CachingPoolOptions::max_split_size (or "
          "roundup_power2_divisions) to limit splitting of large blocks; ";
-  m << "or raise the memory limit.";
+  m << "or raise the memory limit. If the training state (parameters, gradients, optimizer state) "
+       "is what fills it, shard it across the ranks: --set sharding.stage=3 "
+       "(docs/sharded_data_parallel.md).";
   return m.str();
 }
 

@@ -1,5 +1,7 @@
-// Formatting of MemoryStats.
+// Formatting of MemoryStats: a text table and JSON (nlohmann-json).
 #include <tandem/memory/memory_stats.h>
+
+#include "memory/stats_json.h"
 
 #include <cstdio>
 #include <sstream>
@@ -76,23 +78,18 @@ std::string format_stats(const MemoryStats& s) {
   return o.str();
 }
 
-std::string stats_to_json(const MemoryStats& s) {
-  std::ostringstream o;
-  o << "{";
-  bool first = true;
+nlohmann::ordered_json detail::stats_json(const MemoryStats& s) {
+  nlohmann::ordered_json o = nlohmann::ordered_json::object();
   for (const auto& [name, field] : kStats) {
     const Stat& st = s.*field;
-    o << (first ? "" : ",") << "\"" << name << "\":{\"current\":" << st.current << ",\"peak\":" << st.peak
-      << ",\"total\":" << st.total << ",\"freed\":" << st.freed << "}";
-    first = false;
+    o[name] = {{"current", st.current}, {"peak", st.peak}, {"total", st.total}, {"freed", st.freed}};
   }
-  for (const auto& [name, field] : kCounters) o << ",\"" << name << "\":" << s.*field;
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.6f", s.cache_hit_rate());
-  o << ",\"cache_hit_rate\":" << buf;
-  std::snprintf(buf, sizeof buf, "%.6f", s.fragmentation());
-  o << ",\"fragmentation\":" << buf << "}";
-  return o.str();
+  for (const auto& [name, field] : kCounters) o[name] = s.*field;
+  o["cache_hit_rate"] = s.cache_hit_rate();
+  o["fragmentation"] = s.fragmentation();
+  return o;
 }
+
+std::string stats_to_json(const MemoryStats& s) { return detail::stats_json(s).dump(); }
 
 }  // namespace tandem::memory

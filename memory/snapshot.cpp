@@ -1,11 +1,12 @@
-// Snapshots: collection down a stack and JSON output.
+// Snapshots: collection down a stack and JSON output (nlohmann-json).
 #include <tandem/memory/snapshot.h>
+
+#include <tandem/base/errors.h>
+
+#include "memory/stats_json.h"
 
 #include <cstdio>
 #include <fstream>
-#include <sstream>
-
-#include <tandem/base/errors.h>
 
 namespace tandem::memory {
 
@@ -26,65 +27,43 @@ Snapshot take_snapshot(const MemoryResource& resource) {
 }
 
 namespace {
-void json_string(std::ostream& o, const std::string& s) {
-  o << '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': o << "\\\""; break;
-      case '\\': o << "\\\\"; break;
-      case '\n': o << "\\n"; break;
-      case '\t': o << "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          o << buf;
-        } else {
-          o << c;
-        }
-    }
-  }
-  o << '"';
+// Compact JSON; bytes of a frame that are not valid UTF-8 (a symbol from a file with an odd name)
+// become U+FFFD rather than making the whole snapshot unreadable.
+std::string dump(const nlohmann::ordered_json& j) {
+  return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 }  // namespace
 
 std::string snapshot_to_json(const Snapshot& snap) {
-  std::ostringstream o;
-  o << "{\"schema\":\"tandem.memory.snapshot/1\",\n\"stats\":" << stats_to_json(snap.stats) << ",\n\"segments\":[";
-  for (std::size_t i = 0; i < snap.segments.size(); ++i) {
-    const auto& seg = snap.segments[i];
-    o << (i ? ",\n" : "\n") << "{\"address\":" << seg.address << ",\"size\":" << seg.size
-      << ",\"stream\":" << seg.stream.value << ",\"pool\":";
-    json_string(o, seg.pool);
-    o << ",\"blocks\":[";
-    for (std::size_t j = 0; j < seg.blocks.size(); ++j) {
-      const auto& b = seg.blocks[j];
-      o << (j ? "," : "") << "{\"address\":" << b.address << ",\"size\":" << b.size << ",\"requested\":" << b.requested
-        << ",\"state\":\"" << to_string(b.state) << "\",\"step\":" << b.step << ",\"time_ns\":" << b.time_ns
-        << ",\"site\":" << b.site << "}";
+  using nlohmann::ordered_json;
+  ordered_json segments = ordered_json::array();
+  for (const auto& seg : snap.segments) {
+    ordered_json blocks = ordered_json::array();
+    for (const auto& b : seg.blocks) {
+      blocks.push_back({{"address", b.address}, {"size", b.size}, {"requested", b.requested},
+                        {"state", to_string(b.state)}, {"step", b.step}, {"time_ns", b.time_ns},
+                        {"site", b.site}});
     }
-    o << "]}";
+    segments.push_back({{"address", seg.address}, {"size", seg.size}, {"stream", seg.stream.value},
+                        {"pool", seg.pool}, {"blocks", std::move(blocks)}});
   }
-  o << "],\n\"sites\":[";
-  for (std::size_t i = 0; i < snap.sites.size(); ++i) {
-    const auto& s = snap.sites[i];
-    o << (i ? ",\n" : "\n") << "{\"id\":\"" << std::hex << s.id << std::dec << "\",\"label\":";
-    json_string(o, s.label);
-    o << ",\"frames\":[";
-    for (std::size_t j = 0; j < s.frames.size(); ++j) {
-      if (j) o << ",";
-      json_string(o, s.frames[j]);
-    }
-    o << "]}";
+  ordered_json sites = ordered_json::array();
+  for (const auto& s : snap.sites) {
+    char id[24];
+    std::snprintf(id, sizeof id, "%llx", static_cast<unsigned long long>(s.id));
+    sites.push_back({{"id", id}, {"label", s.label}, {"frames", s.frames}});
   }
-  o << "],\n\"timeline\":[";
-  for (std::size_t i = 0; i < snap.timeline.size(); ++i) {
-    const auto& t = snap.timeline[i];
-    o << (i ? "," : "") << "{\"step\":" << t.step << ",\"time_ns\":" << t.time_ns << ",\"live_bytes\":" << t.live_bytes
-      << ",\"reserved_bytes\":" << t.reserved_bytes << "}";
+  ordered_json timeline = ordered_json::array();
+  for (const auto& t : snap.timeline) {
+    timeline.push_back({{"step", t.step}, {"time_ns", t.time_ns}, {"live_bytes", t.live_bytes},
+                        {"reserved_bytes", t.reserved_bytes}});
   }
-  o << "]}\n";
-  return o.str();
+  const ordered_json doc = {{"schema", "tandem.memory.snapshot/1"},
+                            {"stats", detail::stats_json(snap.stats)},
+                            {"segments", std::move(segments)},
+                            {"sites", std::move(sites)},
+                            {"timeline", std::move(timeline)}};
+  return dump(doc) + "\n";
 }
 
 void write_snapshot_json(const Snapshot& snapshot, const std::string& path) {

@@ -4,6 +4,7 @@
 #include <cxxabi.h>
 #include <dlfcn.h>
 #include <execinfo.h>
+#include <xxhash.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -33,14 +34,7 @@ std::size_t capture_stack(void** out, std::size_t max_frames, std::size_t skip) 
 }
 
 std::uint64_t hash_stack(void* const* frames, std::size_t n) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (std::size_t i = 0; i < n; ++i) {
-    auto v = reinterpret_cast<std::uint64_t>(frames[i]);
-    v ^= v >> 33;
-    v *= 0xff51afd7ed558ccdull;
-    v ^= v >> 33;
-    h = (h ^ v) * 1099511628211ull;
-  }
+  const std::uint64_t h = XXH3_64bits(frames, n * sizeof(void*));
   return h == 0 ? 1 : h;  // 0 means "no stack"
 }
 

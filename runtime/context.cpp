@@ -8,26 +8,13 @@
 #include <tandem/runtime/config_keys.h>
 #include <tandem/runtime/run_main.h>
 
-#include <cxxabi.h>
+#include "base/strings.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <typeinfo>
 #include <utility>
 
 namespace tandem {
-namespace {
-
-std::string type_name(const std::exception& e) {
-  int status = 0;
-  char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
-  std::string out = status == 0 && name != nullptr ? name : typeid(e).name();
-  std::free(name);
-  return out;
-}
-
-}  // namespace
-
 Context::Context(LoadedConfig loaded, std::vector<std::string> args)
     : loaded_(std::move(loaded)), args_(std::move(args)) {
   for (auto& a : args_) argv_.push_back(a.data());
@@ -78,7 +65,7 @@ int run_main(int argc, char** argv, const std::function<int(Context&)>& fn) {
       ctx = std::make_unique<Context>(std::move(loaded), std::vector<std::string>(args.begin(), args.begin() + n));
     } catch (const ConfigError& e) {
       // Exit code 2: the run cannot succeed until the config changes (restarting will not help).
-      const std::string message = type_name(e) + ": " + e.what();
+      const std::string message = strings::demangle(typeid(e).name()) + ": " + e.what();
       std::fprintf(stderr, "tandem::run_main: configuration error: %s\n", message.c_str());
       write_error_file(message, "C++ exception (configuration)\n" + message + "\n");
       return 2;

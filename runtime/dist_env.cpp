@@ -3,9 +3,10 @@
 #include <tandem/base/errors.h>
 
 #include "base/slurm.h"
+#include "base/strings.h"
 
-#include <cerrno>
 #include <cstdlib>
+#include <optional>
 #include <initializer_list>
 #include <limits>
 #include <map>
@@ -20,16 +21,12 @@ constexpr const char* kFix =
 int parse_int(const DistEnv::Lookup& lookup, const char* name, int fallback) {
   const char* raw = lookup(name);
   if (raw == nullptr) return fallback;
-  const std::string value = raw;
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(raw, &end, 10);
-  if (value.empty() || *end != '\0' || errno == ERANGE || v < std::numeric_limits<int>::min() ||
-      v > std::numeric_limits<int>::max()) {
-    throw ConfigError("tandem: environment variable " + std::string(name) + "='" + value +
+  const std::optional<int64_t> v = strings::parse_int(raw);
+  if (!v || *v < std::numeric_limits<int>::min() || *v > std::numeric_limits<int>::max()) {
+    throw ConfigError("tandem: environment variable " + std::string(name) + "='" + raw +
                       "' is not an integer." + kFix);
   }
-  return static_cast<int>(v);
+  return static_cast<int>(*v);
 }
 
 std::string parse_string(const DistEnv::Lookup& lookup, const char* name,

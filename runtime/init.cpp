@@ -12,6 +12,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -58,12 +59,14 @@ bool accepts_connections(const std::string& host, int port) {
 // (1.13; measured with strace during restarts, where the other ranks usually start before rank 0
 // listens). Waiting for the listener with cheap probes first turns that second into milliseconds.
 // The server drops a probe that closes without a request.
-void wait_for_store_listener(const std::string& host, int port, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  while (!accepts_connections(host, port) && std::chrono::steady_clock::now() < deadline) {
+// False when nothing listened by `deadline`.
+bool wait_for_store_listener(const std::string& host, int port,
+                             std::chrono::steady_clock::time_point deadline) {
+  while (!accepts_connections(host, port)) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
-  // On timeout the TCPStore below fails with its own error, reported with the advice below.
+  return true;
 }
 
 c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
@@ -76,9 +79,25 @@ c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
   store_options.waitWorkers = false;
   store_options.timeout = o.timeout;
   const std::string where = env.master_addr + ":" + std::to_string(env.master_port);
-  if (env.rank != 0) wait_for_store_listener(env.master_addr, env.master_port, o.timeout);
+  auto unreachable = [&](const std::string& what) {
+    return TimeoutError("tandem: rank " + std::to_string(env.rank) +
+                        " could not reach the rendezvous store at " + where + " within " +
+                        std::to_string(o.timeout.count()) + " ms (" + what +
+                        "). Is rank 0 running, and is MASTER_ADDR reachable from this host?");
+  };
+  if (env.rank != 0) {
+    // The wait and the client's connect share one timeout (each took all of it before).
+    const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+    if (!wait_for_store_listener(env.master_addr, env.master_port, deadline))
+      throw unreachable("nothing accepted connections there");
+    store_options.timeout = std::max(std::chrono::milliseconds(1),
+                                     std::chrono::duration_cast<std::chrono::milliseconds>(
+                                         deadline - std::chrono::steady_clock::now()));
+  }
   try {
-    return c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    store->setTimeout(o.timeout);  // the store's operations get the whole timeout again
+    return store;
   } catch (const std::exception& e) {
     const std::string what = e.what();
     if (env.rank == 0 && (what.find("in use") != std::string::npos ||
@@ -92,10 +111,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
     if (env.rank == 0) {
       throw CommError("tandem: rank 0 cannot host the rendezvous store at " + where + ": " + what);
     }
-    throw TimeoutError("tandem: rank " + std::to_string(env.rank) +
-                       " could not reach the rendezvous store at " + where + " within " +
-                       std::to_string(o.timeout.count()) + " ms (" + what +
-                       "). Is rank 0 running, and is MASTER_ADDR reachable from this host?");
+    throw unreachable(what);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <tandem/runtime/metrics.h>
 #include <tandem/runtime/reducer.h>
 
+#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -42,12 +43,12 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
-// Shortest round-trip-stable text for JSON (NaN/Inf become null).
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
-  return buf;
+// A number for JSON: integral values print as integers ("16", not "16.0"), others in their
+// shortest round-trip form, NaN/Inf as null.
+nlohmann::ordered_json json_number(double v) {
+  if (!std::isfinite(v)) return nullptr;
+  if (std::trunc(v) == v && std::fabs(v) < 9.0e15) return static_cast<int64_t>(v);
+  return v;
 }
 
 }  // namespace
@@ -154,15 +155,16 @@ std::string ProgressLogger::format_line(const ProgressRecord& r) {
 }
 
 std::string ProgressLogger::format_json(const ProgressRecord& r) {
-  std::string j = "{\"step\":" + std::to_string(r.step);
-  if (r.total_steps > 0) j += ",\"total_steps\":" + std::to_string(r.total_steps);
-  j += ",\"loss\":" + json_number(r.loss);
-  j += ",\"samples_per_s\":" + json_number(r.samples_per_s);
-  j += ",\"elapsed_s\":" + json_number(r.elapsed_s);
-  if (r.eta_s) j += ",\"eta_s\":" + json_number(*r.eta_s);
-  j += ",\"peak_bytes\":" + std::to_string(r.peak_bytes);
-  if (r.overlap) j += ",\"overlap\":" + json_number(*r.overlap);
-  return j + "}";
+  nlohmann::ordered_json j;  // keys in the documented order
+  j["step"] = r.step;
+  if (r.total_steps > 0) j["total_steps"] = r.total_steps;
+  j["loss"] = json_number(r.loss);
+  j["samples_per_s"] = json_number(r.samples_per_s);
+  j["elapsed_s"] = json_number(r.elapsed_s);
+  if (r.eta_s) j["eta_s"] = json_number(*r.eta_s);
+  j["peak_bytes"] = r.peak_bytes;
+  if (r.overlap) j["overlap"] = json_number(*r.overlap);
+  return j.dump();
 }
 
 }  // namespace tandem

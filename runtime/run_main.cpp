@@ -1,7 +1,13 @@
 // tandem::run_main / tandem::heartbeat (include/tandem/runtime/run_main.h).
 #include <tandem/runtime/run_main.h>
 
+#include <tandem/base/errors.h>
+#include <tandem/base/file_system.h>
+
+#include "base/strings.h"
+
 #include <cxxabi.h>
+#include <nlohmann/json.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -25,60 +31,9 @@ namespace {
 
 // ---- JSON error file --------------------------------------------------------------------------
 
-std::string json_escape(const std::string& text) {
-  std::string out;
-  out.reserve(text.size() + 8);
-  for (const char c : text) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else if (c == '\t') {
-      out += "\\t";
-    } else if (u < 0x20) {
-      char escaped[8];
-      std::snprintf(escaped, sizeof(escaped), "\\u%04x", u);
-      out += escaped;
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
-
-std::string demangle(const char* name) {
-  if (name == nullptr) return "unknown";
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> demangled(
-      abi::__cxa_demangle(name, nullptr, nullptr, &status), std::free);
-  return status == 0 && demangled ? std::string(demangled.get()) : std::string(name);
-}
-
-bool write_whole_file(const std::string& path, const std::string& text) {
-  // Written to a temporary name and renamed: the launcher never reads half a file.
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return false;
-  std::size_t done = 0;
-  bool ok = true;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ok = false;
-      break;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  ok = ::close(fd) == 0 && ok;
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return false;
-  }
-  return true;
+// `text` as a JSON string literal; bytes that are not UTF-8 become U+FFFD.
+std::string json_string(const std::string& text) {
+  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 // ---- fatal signals ----------------------------------------------------------------------------
@@ -221,10 +176,17 @@ struct HeartbeatChannel {
 bool write_error_file(const std::string& message, const std::string& callstack) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr || *path == '\0') return false;
-  const std::string json = "{\"message\": {\"message\": \"" + json_escape(message) +
-                           "\", \"extraInfo\": {\"py_callstack\": \"" + json_escape(callstack) +
-                           "\", \"timestamp\": \"" + std::to_string(std::time(nullptr)) + "\"}}}\n";
-  return write_whole_file(path, json);
+  // TorchElastic's layout, spaced as Python's json.dump writes it (readers match on it).
+  const std::string json = "{\"message\": {\"message\": " + json_string(message) +
+                           ", \"extraInfo\": {\"py_callstack\": " + json_string(callstack) +
+                           ", \"timestamp\": \"" + std::to_string(std::time(nullptr)) + "\"}}}\n";
+  try {
+    // Atomically: the launcher never reads half a file.
+    posix_file_system()->write_file_atomically(path, json);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
 }
 
 namespace {
@@ -280,11 +242,11 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
   try {
     return fn(argc, argv);
   } catch (const std::exception& e) {
-    message = demangle(typeid(e).name()) + ": " + e.what();
+    message = strings::demangle(typeid(e).name()) + ": " + e.what();
   } catch (...) {
-    message = demangle(abi::__cxa_current_exception_type() != nullptr
-                           ? abi::__cxa_current_exception_type()->name()
-                           : nullptr) +
+    message = strings::demangle(abi::__cxa_current_exception_type() != nullptr
+                                    ? abi::__cxa_current_exception_type()->name()
+                                    : nullptr) +
               ": (not a std::exception)";
   }
   const std::string line = "tandem::run_main: uncaught exception: " + message + "\n";

@@ -371,8 +371,8 @@ def parse_manifest(text, where, xxh3_64=None):
                 raise Reject('manifest lists state "%s" twice' % s["name"])
             s["kind"] = _as(_at(js, "kind", what), "string", what + ".kind")
             s["sharding"] = _as(_at(js, "sharding", what), "string", what + ".sharding")
-            if s["sharding"] not in ("replicated", "sharded"):
-                raise Reject('%s.sharding is "%s"; expected replicated or sharded' % (
+            if s["sharding"] not in ("replicated", "sharded", "sliced"):
+                raise Reject('%s.sharding is "%s"; expected replicated, sharded or sliced' % (
                     what, s["sharding"][:64]))
             m["states"].append(s)
         state_names = {s["name"] for s in m["states"]}

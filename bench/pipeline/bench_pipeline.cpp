@@ -1,8 +1,8 @@
 // Pipeline schedules on 2 stages (2 ranks x 1 compute thread), m = 8 microbatches: per schedule
 // the measured step time, the measured bubble (from the recorded action times), the bubble
-// simulated from the measured per-stage F/B/I/W costs and the measured send latency, and the peak
-// activation bytes per stage. Run by scripts/bench-pipeline under tandemrun; rank 0 prints the
-// table and writes the JSON.
+// simulated from the measured per-stage F/B/I/W costs and the measured send latency, send and
+// receive overheads, and the peak activation bytes per stage. Run by scripts/bench-pipeline under
+// tandemrun; rank 0 prints the table and writes the JSON.
 //   bench_pipeline --out FILE [--quick] [--steps N] [--command TEXT] [--revision REV]
 #include <tandem/runtime/init.h>
 #include <tandem/runtime/pipeline_parallel.h>
@@ -45,13 +45,36 @@ double send_latency(tandem::Communicator& comm, const at::Tensor& t, int rounds)
   return v.item<double>();
 }
 
+// sum += w * c for every per-stage cost (sum starts empty).
+void accumulate(tandem::pipeline::Costs& sum, const tandem::pipeline::Costs& c, double w) {
+  auto add = [w](std::vector<double>& to, const std::vector<double>& from) {
+    to.resize(from.size(), 0.0);
+    for (size_t i = 0; i < from.size(); ++i) to[i] += w * from[i];
+  };
+  add(sum.forward, c.forward);
+  add(sum.backward_input, c.backward_input);
+  add(sum.backward_weight, c.backward_weight);
+  add(sum.backward, c.backward);
+}
+
+// The 1-, 5- and 15-minute load averages (/proc/loadavg), as a JSON array.
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  double a = 0, b = 0, c = 0;
+  if (!(in >> a >> b >> c)) return "null";
+  std::ostringstream out;
+  out << "[" << a << ", " << b << ", " << c << "]";
+  return out.str();
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app("tandem pipeline schedule benchmark (2 ranks under tandemrun)");
-  // The bubble simulated for a schedule uses its measured mean F/B/I/W per stage and the median
-  // send latency seen in its own timelines (receive end - send end, for receives that waited);
-  // the idle ping-pong latency is reported next to it.
+  // The bubble simulated for a schedule is the median over timed steps of each step simulated
+  // with its own measured mean F/B/I/W per stage and the communication terms seen in its
+  // timeline (pipeline::measured_comm_costs), counted like measured_bubble(): each rank until
+  // its own last action. The idle ping-pong latency is reported next to it.
   std::string out, command = "scripts/bench pipeline", revision = "unknown";
   bool quick = false;
   int steps = 0, warmup = 2, microbatches = 8;
@@ -74,13 +97,15 @@ int main(int argc, char** argv) {
     const auto x = torch::randn({batch, width}), y = torch::randn({batch, width});
     const double latency = send_latency(comm, torch::randn({batch / microbatches, width}), 50);
 
+    const auto load_start = load_average();
     struct Row {
       std::string name;
-      int v;
-      double step_ms, bubble_measured, bubble_simulated;
+      int v = 1;
+      double step_ms = 0, bubble_measured = 0;
+      double bubble_simulated = 0, bubble_simulated_makespan = 0, bubble_simulated_no_comm = 0,
+             bubble_simulated_mean_costs = 0;
       std::vector<int64_t> peak_bytes;
       tandem::pipeline::Costs costs;
-      double latency;
     };
     std::vector<Row> rows;
     for (const auto& [name, v] : std::vector<std::pair<std::string, int>>{
@@ -103,10 +128,12 @@ int main(int argc, char** argv) {
         return torch::mse_loss(out, t);
       };
       for (int i = 0; i < warmup; ++i) pipe.train_step(x, y, loss);
-      pipe.reset_stats();
-      std::vector<double> step_s, bubbles, latencies;
+      std::vector<double> step_s, bubbles, sim_own, sim_makespan, sim_no_comm;
+      std::vector<std::vector<tandem::pipeline::TimedAction>> timelines;
+      Row row;
       for (int i = 0; i < steps; ++i) {
         for (auto& p : pipe.parameters()) p.mutable_grad() = at::Tensor();
+        pipe.reset_stats();
         const auto t0 = Clock::now();
         pipe.train_step(x, y, loss);
         auto dt =
@@ -115,13 +142,29 @@ int main(int argc, char** argv) {
         step_s.push_back(dt.item<double>());
         const auto b = pipe.measured_bubble();
         bubbles.push_back((b[0] + b[1]) / 2);
-        latencies.push_back(tandem::pipeline::measured_send_latency(pipe.gather_timeline()));
+        // This step simulated with its own costs: the measured figure is a median of per-step
+        // bubbles, and a bubble is not linear in its costs. Both ranks share one clock (one
+        // host), so the timeline shows the transfers the step itself saw, under load.
+        timelines.push_back(pipe.gather_timeline());
+        auto costs = pipe.measured_costs();
+        costs.comm = tandem::pipeline::measured_comm_costs({timelines.back()});
+        const auto sim = tandem::pipeline::simulate(pipe.schedule(), costs);
+        sim_own.push_back(sim.mean_own_bubble);
+        sim_makespan.push_back(sim.mean_bubble);
+        costs.comm = {};
+        sim_no_comm.push_back(tandem::pipeline::simulate(pipe.schedule(), costs).mean_own_bubble);
+        accumulate(row.costs, costs, 1.0 / steps);  // the mean over steps, for the report
       }
-      Row row{name, v,  1e3 * median(step_s),  median(bubbles),
-              0,    {}, pipe.measured_costs(), median(latencies)};
-      // Both ranks share one clock (one host): the latency the run itself saw, under load.
-      row.costs.send_latency = row.latency;
-      row.bubble_simulated = tandem::pipeline::simulate(pipe.schedule(), row.costs).mean_bubble;
+      row.name = name;
+      row.v = v;
+      row.step_ms = 1e3 * median(step_s);
+      row.bubble_measured = median(bubbles);
+      row.bubble_simulated = median(sim_own);
+      row.bubble_simulated_makespan = median(sim_makespan);
+      row.bubble_simulated_no_comm = median(sim_no_comm);
+      row.costs.comm = tandem::pipeline::measured_comm_costs(timelines);
+      row.bubble_simulated_mean_costs =
+          tandem::pipeline::simulate(pipe.schedule(), row.costs).mean_own_bubble;
       // Peak bytes per global stage (stage s on rank s % 2).
       std::vector<int64_t> mine(2 * v, 0);
       const auto local = pipe.local_stages();
@@ -148,8 +191,9 @@ int main(int argc, char** argv) {
           "1 thread per rank, idle ping-pong latency %.3f ms\n",
           static_cast<long long>(layers_per_stage * 2), static_cast<long long>(width),
           static_cast<long long>(batch), microbatches, latency * 1e3);
-      std::printf("%-12s %9s %9s %9s %7s %8s %s\n", "schedule", "step_ms", "measured", "simulated",
-                  "|diff|", "lat_ms", "peak activation MiB per stage");
+      std::printf("%-12s %8s %8s %9s %6s %7s %7s %7s %7s %7s %s\n", "schedule", "step_ms",
+                  "measured", "simulated", "|diff|", "no_comm", "mean_c", "lat_ms", "send_ms",
+                  "recv_ms", "peak activation MiB per stage");
       std::ostringstream json;
       json << "{\n  \"benchmark\": \"pipeline\",\n  \"command\": \"" << command
            << "\",\n  \"revision\": \"" << revision
@@ -158,7 +202,8 @@ int main(int argc, char** argv) {
            << microbatches << ", \"batch\": " << batch << ", \"width\": " << width
            << ", \"linear_layers\": " << 2 * layers_per_stage << ", \"timed_steps\": " << steps
            << ", \"warmup_steps\": " << warmup << "},\n  \"pingpong_latency_ms\": " << latency * 1e3
-           << ",\n  \"schedules\": {\n";
+           << ",\n  \"load_average\": {\"start\": " << load_start
+           << ", \"end\": " << load_average() << "},\n  \"schedules\": {\n";
       double zb = 0, ofob = 0;
       bool all_within = true;
       for (size_t i = 0; i < rows.size(); ++i) {
@@ -167,14 +212,23 @@ int main(int argc, char** argv) {
         all_within = all_within && diff <= 0.05;
         if (r.name == "zbh1") zb = r.step_ms;
         if (r.name == "1f1b") ofob = r.step_ms;
-        std::printf("%-12s %9.2f %9.3f %9.3f %7.3f %8.3f", r.name.c_str(), r.step_ms,
-                    r.bubble_measured, r.bubble_simulated, diff, 1e3 * r.latency);
+        const auto& c = r.costs.comm;
+        std::printf("%-12s %8.2f %8.3f %9.3f %6.3f %7.3f %7.3f %7.3f %7.3f %7.3f", r.name.c_str(),
+                    r.step_ms, r.bubble_measured, r.bubble_simulated, diff,
+                    r.bubble_simulated_no_comm, r.bubble_simulated_mean_costs,
+                    1e3 * c.send_latency, 1e3 * c.send_overhead, 1e3 * c.recv_overhead);
         for (auto b : r.peak_bytes) std::printf(" %.2f", b / 1048576.0);
         std::printf("\n");
         json << "    \"" << r.name << "\": {\"virtual_stages\": " << r.v
              << ", \"step_ms\": " << r.step_ms << ", \"bubble_measured\": " << r.bubble_measured
              << ", \"bubble_simulated\": " << r.bubble_simulated
-             << ", \"send_latency_ms\": " << 1e3 * r.latency << ", \"peak_activation_bytes\": [";
+             << ", \"bubble_simulated_makespan\": " << r.bubble_simulated_makespan
+             << ", \"bubble_simulated_no_comm\": " << r.bubble_simulated_no_comm
+             << ", \"bubble_simulated_mean_costs\": " << r.bubble_simulated_mean_costs
+             << ", \"send_latency_ms\": " << 1e3 * c.send_latency
+             << ", \"send_overhead_ms\": " << 1e3 * c.send_overhead
+             << ", \"recv_overhead_ms\": " << 1e3 * c.recv_overhead
+             << ", \"peak_activation_bytes\": [";
         for (size_t j = 0; j < r.peak_bytes.size(); ++j) json << (j ? ", " : "") << r.peak_bytes[j];
         json << "], \"costs_ms\": {";
         for (size_t s = 0; s < r.costs.forward.size(); ++s) {

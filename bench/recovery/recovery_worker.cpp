@@ -16,10 +16,14 @@
 #include <time.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+
+#include "tests/fault/training_args.h"
 
 namespace {
 
@@ -29,34 +33,21 @@ double wall_seconds() {
   return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
 }
 
-struct Args {
-  std::string ckpt;
-  int64_t steps = 20;
-  int64_t every = 5;
+struct Args : tandem::testing::TrainingArgs {
   int kill_rank = 1;
   int64_t kill_step = 12;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (i + 1 >= argc) throw std::invalid_argument("missing value after " + arg);
-    const std::string value = argv[++i];
-    if (arg == "--ckpt")
-      a.ckpt = value;
-    else if (arg == "--steps")
-      a.steps = std::stoll(value);
-    else if (arg == "--every")
-      a.every = std::stoll(value);
-    else if (arg == "--kill-rank")
-      a.kill_rank = std::stoi(value);
-    else if (arg == "--kill-step")
-      a.kill_step = std::stoll(value);
-    else
-      throw std::invalid_argument("unknown argument " + arg);
-  }
-  if (a.ckpt.empty()) throw std::invalid_argument("--ckpt DIR is required");
+  a.steps = 20;
+  a.every = 5;
+  CLI::App app("recovery_worker: the training program of scripts/bench-recovery");
+  tandem::testing::add_training_args(app, a);
+  app.get_option("--ckpt")->required();
+  app.add_option("--kill-rank", a.kill_rank, "the rank that SIGKILLs itself (restart 0 only)");
+  app.add_option("--kill-step", a.kill_step, "the step it does so at");
+  app.parse(argc, argv);
   return a;
 }
 

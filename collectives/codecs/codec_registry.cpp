@@ -109,6 +109,17 @@ std::shared_ptr<GradCodec> make_codec(const std::string& name,
     p.read("warmup_steps", &o.warmup_steps);
     p.finish();
     codec = make_topk_codec(o);
+  } else if (name == "auto") {
+    AutoOptions o;
+    p.read("min_speedup", &o.min_speedup);
+    p.finish();
+    if (wire == "fp16") {
+      o.wire = at::kHalf;
+    } else if (wire != "fp32" && wire != "bf16") {
+      throw ConfigError("tandem: codec 'auto': parameter 'wire' = '" + wire +
+                        "' is not fp16 or bf16 (the cast auto may choose; default bf16).");
+    }
+    return make_auto_codec(o);
   } else if (name == "sign") {
     SignOptions o;
     p.read("error_feedback", &o.error_feedback);
@@ -116,7 +127,7 @@ std::shared_ptr<GradCodec> make_codec(const std::string& name,
     codec = make_sign_codec(o);
   } else {
     throw ConfigError("tandem: unknown gradient codec '" + name +
-                      "'; the codecs are: average, fp16, bf16, powersgd, topk, sign.");
+                      "'; the codecs are: average, fp16, bf16, auto, powersgd, topk, sign.");
   }
   p.finish();
   if (wire == "fp32") return codec;

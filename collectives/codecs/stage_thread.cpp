@@ -6,18 +6,7 @@
 #include <c10/core/GradMode.h>
 #include <tandem/base/trace.h>
 
-#include <pthread.h>
-
 namespace tandem {
-
-StageThread::~StageThread() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
 
 WorkPtr StageThread::submit(Communicator& wire, const GradBucket& bucket,
                             std::function<void()> job) {
@@ -27,36 +16,18 @@ WorkPtr StageThread::submit(Communicator& wire, const GradBucket& bucket,
                      ""};
   auto work = std::make_shared<AsyncWork>(std::move(what), wire.timeout() * 4,
                                           [&wire](const std::string& msg) { wire.abort(msg); });
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    queue_.emplace_back(work, std::move(job));
-    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-  }
-  cv_.notify_one();
-  return work;
-}
-
-void StageThread::loop() {
-  pthread_setname_np(pthread_self(), "tandem-codec");
-  c10::AutoGradMode no_grad(false);  // codec arithmetic is never part of a graph
-  for (;;) {
-    std::pair<std::shared_ptr<AsyncWork>, std::function<void()>> next;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;
-      next = std::move(queue_.front());
-      queue_.pop_front();
-    }
+  executor_.submit([this, work, job = std::move(job)] {
     try {
+      c10::AutoGradMode no_grad(false);  // codec arithmetic is never part of a graph
       trace::Span span("codec stage", trace::kCodec);  // encode, wire ops and decode of a bucket
-      if (trace::enabled()) span.arg("codec", codec_name_).arg("op", next.first->describe());
-      next.second();
-      next.first->finish();
+      if (trace::enabled()) span.arg("codec", codec_name_).arg("op", work->describe());
+      job();
+      work->finish();
     } catch (...) {
-      next.first->finish(std::current_exception());
+      work->finish(std::current_exception());
     }
-  }
+  });
+  return work;
 }
 
 }  // namespace tandem

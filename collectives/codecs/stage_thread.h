@@ -1,28 +1,23 @@
 // Internal: runs a compressing codec's per-bucket stages (encode, collectives, decode) on one
-// thread of the codec's own, in submission order. Backward goes on while a bucket is encoded, and
-// every rank issues the stages' collectives in the same order (bucket order).
+// thread of the codec's own ("tandem-codec", a SerialExecutor), in submission order. Backward goes
+// on while a bucket is encoded, and every rank issues the stages' collectives in the same order
+// (bucket order).
 #pragma once
+
+#include "base/serial_executor.h"
 
 #include <tandem/collectives/grad_codec.h>
 
-#include <condition_variable>
-#include <deque>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 
 namespace tandem {
 
-class AsyncWork;
-
 class StageThread {
  public:
-  explicit StageThread(std::string codec_name) : codec_name_(std::move(codec_name)) {}
-  ~StageThread();  // runs what is queued, then joins
-  StageThread(const StageThread&) = delete;
-  StageThread& operator=(const StageThread&) = delete;
+  explicit StageThread(std::string codec_name)
+      : codec_name_(std::move(codec_name)), executor_("tandem-codec") {}
+  // The executor's destructor runs what is queued, then joins.
 
   // Runs `job` after every job submitted before it (the thread starts on the first call). The
   // Work completes when `job` returned or rethrows what it threw; waiting on it times out after
@@ -31,14 +26,8 @@ class StageThread {
   WorkPtr submit(Communicator& wire, const GradBucket& bucket, std::function<void()> job);
 
  private:
-  void loop();
-
   const std::string codec_name_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::pair<std::shared_ptr<AsyncWork>, std::function<void()>>> queue_;
-  bool stopping_ = false;
-  std::thread thread_;
+  SerialExecutor executor_;  // last: joined first, while the name above still lives
 };
 
 }  // namespace tandem

@@ -1,5 +1,5 @@
 // tandem::checkpoint: a hand-written autograd Node that keeps a function's inputs, not its
-// activations, and recomputes the function in backward (include/tandem/checkpoint/activation.h).
+// activations, and recomputes the function in backward (include/tandem/runtime/activation_checkpoint.h).
 //
 // Forward: capture RNG and autocast state; run fn on detached aliases of the inputs, either with
 // grad enabled (to find what fn captures: the "external" edges of the graph it builds, which is
@@ -10,13 +10,14 @@
 // state, then run the engine on the recomputed graph capturing the gradients at the aliases and at
 // the external edges (accumulate_grad = false), and return them through the node's own edges. So
 // leaves (parameters) are accumulated by the *outer* backward, exactly once.
+//
+// The RNG/autocast state capture is in recompute_state.cpp, the graph walk in graph_walk.cpp.
 #include <tandem/runtime/activation_checkpoint.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
+#include "runtime/activation/graph_walk.h"
+#include "runtime/activation/recompute_state.h"
+
 #include <ATen/SequenceNumber.h>
-#include <ATen/autocast_mode.h>
-#include <ATen/core/Generator.h>
 #include <ATen/ops/equal.h>
 #include <c10/core/GradMode.h>
 #include <torch/csrc/autograd/edge.h>
@@ -24,7 +25,6 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/variable.h>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <mutex>
@@ -35,6 +35,15 @@
 namespace tandem {
 namespace {
 
+using detail::AutocastState;
+using detail::EdgeKey;
+using detail::EdgeKeyHash;
+using detail::RecomputeStateGuard;
+using detail::RngState;
+using detail::capture_autocast;
+using detail::capture_rng;
+using detail::external_edges;
+using detail::key_of;
 using torch::autograd::Edge;
 using torch::autograd::edge_list;
 using torch::autograd::Node;
@@ -42,182 +51,6 @@ using torch::autograd::variable_list;
 
 std::string where(const std::string& name) {
   return "tandem: activation checkpoint '" + name + "': ";
-}
-
-// ---------------------------------------------------------------------------------------------
-// RNG and autocast state
-
-struct RngState {
-  bool captured = false;
-  at::Tensor cpu;
-  std::vector<std::pair<c10::Device, at::Tensor>> cuda;
-};
-
-at::Tensor get_generator_state(at::Generator gen) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_generator_state(at::Generator gen, const at::Tensor& state) {
-  std::lock_guard<std::mutex> lock(gen.mutex());
-  gen.set_state(state);
-}
-
-// The CUDA devices the inputs live on (none on CPU-only builds: nothing to capture).
-std::vector<c10::Device> cuda_devices(const std::vector<at::Tensor>& inputs) {
-  std::vector<c10::Device> devices;
-  for (const auto& t : inputs) {
-    if (!t.defined() || !t.is_cuda()) continue;
-    const c10::Device d = t.device();
-    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
-  }
-  return devices;
-}
-
-RngState capture_rng(const std::vector<at::Tensor>& inputs) {
-  RngState s;
-  s.captured = true;
-  s.cpu = get_generator_state(at::detail::getDefaultCPUGenerator());
-  // CUDA tensors exist only on CUDA builds; the generators are reached through the Context, so
-  // this compiles (and is never entered) against a CPU-only libtorch.
-  for (const auto& d : cuda_devices(inputs)) {
-    s.cuda.emplace_back(d, get_generator_state(at::globalContext().defaultGenerator(d)));
-  }
-  return s;
-}
-
-// The caller's state for the same generators as `like`.
-RngState capture_like(const RngState& like) {
-  RngState s;
-  s.captured = like.captured;
-  if (!like.captured) return s;
-  s.cpu = get_generator_state(at::detail::getDefaultCPUGenerator());
-  for (const auto& entry : like.cuda) {
-    s.cuda.emplace_back(entry.first,
-                        get_generator_state(at::globalContext().defaultGenerator(entry.first)));
-  }
-  return s;
-}
-
-void restore_rng(const RngState& s) {
-  if (!s.captured) return;
-  set_generator_state(at::detail::getDefaultCPUGenerator(), s.cpu);
-  for (const auto& entry : s.cuda) {
-    set_generator_state(at::globalContext().defaultGenerator(entry.first), entry.second);
-  }
-}
-
-struct AutocastState {
-  bool cpu_enabled = false;
-  bool gpu_enabled = false;
-  at::ScalarType cpu_dtype = at::kBFloat16;
-  at::ScalarType gpu_dtype = at::kHalf;
-};
-
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
-AutocastState capture_autocast() {
-  AutocastState s;
-  s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
-  s.gpu_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
-  s.cpu_dtype = at::autocast::get_autocast_dtype(at::kCPU);
-  s.gpu_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
-  return s;
-}
-void apply_autocast(const AutocastState& s) {
-  at::autocast::set_autocast_enabled(at::kCPU, s.cpu_enabled);
-  at::autocast::set_autocast_enabled(at::kCUDA, s.gpu_enabled);
-  at::autocast::set_autocast_dtype(at::kCPU, s.cpu_dtype);
-  at::autocast::set_autocast_dtype(at::kCUDA, s.gpu_dtype);
-}
-#else
-AutocastState capture_autocast() {
-  AutocastState s;
-  s.cpu_enabled = at::autocast::is_cpu_enabled();
-  s.gpu_enabled = at::autocast::is_enabled();
-  s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
-  s.gpu_dtype = at::autocast::get_autocast_gpu_dtype();
-  return s;
-}
-void apply_autocast(const AutocastState& s) {
-  at::autocast::set_cpu_enabled(s.cpu_enabled);
-  at::autocast::set_enabled(s.gpu_enabled);
-  at::autocast::set_autocast_cpu_dtype(s.cpu_dtype);
-  at::autocast::set_autocast_gpu_dtype(s.gpu_dtype);
-}
-#endif
-
-// Puts the forward's RNG and autocast state in place for the recompute; the destructor puts the
-// caller's back (also when fn throws).
-class RecomputeStateGuard {
- public:
-  RecomputeStateGuard(const RngState& rng, const AutocastState& autocast)
-      : caller_rng_(capture_like(rng)), caller_autocast_(capture_autocast()) {
-    restore_rng(rng);
-    apply_autocast(autocast);
-    nested_ = autocast.cpu_enabled || autocast.gpu_enabled;
-    if (nested_) at::autocast::increment_nesting();
-  }
-  ~RecomputeStateGuard() {
-    // Like leaving an autocast region: the cast cache is dropped when the outermost one ends.
-    if (nested_ && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-    apply_autocast(caller_autocast_);
-    restore_rng(caller_rng_);
-  }
-  RecomputeStateGuard(const RecomputeStateGuard&) = delete;
-  RecomputeStateGuard& operator=(const RecomputeStateGuard&) = delete;
-
- private:
-  RngState caller_rng_;
-  AutocastState caller_autocast_;
-  bool nested_ = false;
-};
-
-// ---------------------------------------------------------------------------------------------
-// Graph walking
-
-struct EdgeKey {
-  const Node* fn;
-  uint32_t nr;
-  bool operator==(const EdgeKey& o) const { return fn == o.fn && nr == o.nr; }
-};
-struct EdgeKeyHash {
-  size_t operator()(const EdgeKey& k) const {
-    return std::hash<const void*>()(k.fn) ^ (static_cast<size_t>(k.nr) * 0x9e3779b97f4a7c15ULL);
-  }
-};
-EdgeKey key_of(const Edge& e) { return {e.function.get(), e.input_nr}; }
-
-// The edges by which the graph that built `outputs` leaves the nodes created on this thread while
-// the sequence counter went from `first` to `end` (i.e. inside fn): edges into leaves
-// (AccumulateGrad, whose sequence number is UINT64_MAX) and into nodes made before fn ran. An
-// output whose own gradient edge is such an edge (fn returned an input or a captured tensor) counts
-// too. Deduplicated, in discovery order.
-std::vector<Edge> external_edges(const std::vector<at::Tensor>& outputs, uint64_t first,
-                                 uint64_t end) {
-  auto internal = [&](const Node* n) {
-    return n->sequence_nr() >= first && n->sequence_nr() < end;
-  };
-  std::vector<Edge> found;
-  std::unordered_set<EdgeKey, EdgeKeyHash> seen_edges;
-  std::unordered_set<const Node*> seen_nodes;
-  std::vector<Node*> stack;
-  auto visit = [&](const Edge& e) {
-    if (!e.is_valid()) return;
-    if (internal(e.function.get())) {
-      if (seen_nodes.insert(e.function.get()).second) stack.push_back(e.function.get());
-    } else if (seen_edges.insert(key_of(e)).second) {
-      found.push_back(e);
-    }
-  };
-  for (const auto& out : outputs) {
-    if (out.defined() && out.requires_grad()) visit(torch::autograd::impl::gradient_edge(out));
-  }
-  while (!stack.empty()) {
-    Node* n = stack.back();
-    stack.pop_back();
-    for (const auto& e : n->next_edges()) visit(e);
-  }
-  return found;
 }
 
 // ---------------------------------------------------------------------------------------------

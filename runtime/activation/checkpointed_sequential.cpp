@@ -1,4 +1,4 @@
-// ActivationCheckpointPolicy and CheckpointedSequential (include/tandem/checkpoint/activation.h):
+// ActivationCheckpointPolicy and CheckpointedSequential (include/tandem/runtime/activation_checkpoint.h):
 // cut a torch::nn::Sequential into runs of modules and run each checkpointed run through
 // tandem::checkpoint with its modules' parameters declared.
 #include <tandem/runtime/activation_checkpoint.h>

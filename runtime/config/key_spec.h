@@ -32,8 +32,6 @@ const KeySpec* find_spec(const std::string& key);
 
 // "ddp.bucket_cap_mb" -> "TANDEM_DDP_BUCKET_CAP_MB".
 std::string env_name(const std::string& key);
-// Levenshtein distance.
-std::size_t edit_distance(const std::string& a, const std::string& b);
 // The closest of `candidates` to `word` within a distance that still looks like a typo, or "".
 std::string closest(const std::string& word, const std::vector<std::string>& candidates);
 

@@ -1,11 +1,13 @@
-// load_config and take_config_args (include/tandem/config/config.h): YAML files, TANDEM_*
+// load_config and take_config_args (include/tandem/runtime/config.h): YAML files, TANDEM_*
 // variables and --set overrides merged over the struct defaults, every problem collected.
 #include "runtime/config/key_spec.h"
 
 #include <tandem/runtime/dist_env.h>
 
+#include <CLI/CLI.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -280,6 +282,10 @@ std::shared_ptr<GradCodec> Config::make_codec() const {
     }
     wire = c.codec;
     codec = make_average_codec();
+  } else if (c.codec == "auto") {
+    AutoOptions o = c.automatic;
+    o.wire = wire == "fp16" ? at::kHalf : at::kBFloat16;  // fp32: the default cast, bf16
+    return make_auto_codec(o);
   } else if (c.codec == "powersgd") {
     codec = make_powersgd_codec(c.powersgd);
   } else if (c.codec == "topk") {
@@ -288,7 +294,7 @@ std::shared_ptr<GradCodec> Config::make_codec() const {
     codec = make_sign_codec(c.sign);
   } else {
     throw ConfigError("compression.codec = '" + c.codec +
-                      "' is not a codec; use average, fp16, bf16, powersgd, topk or sign.");
+                      "' is not a codec; use average, fp16, bf16, auto, powersgd, topk or sign.");
   }
   if (wire == "fp16") return make_cast_codec(at::kHalf, codec);
   if (wire == "bf16") return make_cast_codec(at::kBFloat16, codec);
@@ -332,41 +338,40 @@ LoadedConfig load_config(const ConfigInputs& inputs) {
 ConfigArgs take_config_args(int& argc, char** argv) {
   ConfigArgs args;
   if (argc < 1) return args;
-  std::vector<ConfigIssue> issues;
-  int kept = 1;
-  bool passthrough = false;  // after "--" everything is the program's
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value_of = [&](const std::string& flag, std::vector<std::string>& into) {
-      if (a.size() > flag.size() && a.compare(0, flag.size() + 1, flag + "=") == 0) {
-        into.push_back(a.substr(flag.size() + 1));
-      } else if (i + 1 < argc) {
-        into.push_back(argv[++i]);
-      } else {
-        issues.push_back({flag, "", "", flag + ": missing value (" + flag +
-                                            (flag == "--config" ? " FILE.yaml)." : " key=value).")});
-      }
-    };
-    if (passthrough) {
-      argv[kept++] = argv[i];
-    } else if (a == "--") {
-      passthrough = true;
-      argv[kept++] = argv[i];
-    } else if (a == "--config" || a.rfind("--config=", 0) == 0) {
-      value_of("--config", args.files);
-    } else if (a == "--set" || a.rfind("--set=", 0) == 0) {
-      value_of("--set", args.sets);
-    } else if (a == "--print-config") {
-      args.print_config = true;
-    } else if (a == "--help-config") {
-      args.help_config = true;
-    } else {
-      argv[kept++] = argv[i];
-    }
+  // After "--" everything is the program's: CLI11 only sees what comes before.
+  int end = 1;
+  while (end < argc && std::string(argv[end]) != "--") ++end;
+  CLI::App app;
+  app.set_help_flag();  // --help is the program's
+  app.allow_extras();   // so is every flag that is not ours, in order
+  app.add_option("--config", args.files)->allow_extra_args(false);
+  app.add_option("--set", args.sets)->allow_extra_args(false);
+  app.add_flag("--print-config", args.print_config);
+  app.add_flag("--help-config", args.help_config);
+  std::vector<std::string> words(argv + 1, argv + end);
+  std::reverse(words.begin(), words.end());  // CLI11 takes the words last-first
+  try {
+    app.parse(words);
+  } catch (const CLI::ArgumentMismatch& e) {  // --config or --set last, without its value
+    const std::string flag =
+        std::string(e.what()).rfind("--config", 0) == 0 ? "--config" : "--set";
+    throw InvalidConfigError({{flag, "", "", flag + ": missing value (" + flag +
+                                                 (flag == "--config" ? " FILE.yaml)." : " key=value).")}});
+  } catch (const CLI::ParseError& e) {  // e.g. --print-config=maybe
+    throw InvalidConfigError({{"command line", "", "", "command line: " + std::string(e.what()) +
+                                                            "; the tandem flags are --config FILE, "
+                                                            "--set key=value, --print-config and "
+                                                            "--help-config."}});
   }
+  // Keep the program's words (the very strings of argv, in their order) and everything from "--".
+  int kept = 1, next = 1;
+  for (const std::string& word : app.remaining()) {
+    while (next < end && word != argv[next]) ++next;
+    argv[kept++] = argv[next++];
+  }
+  for (int i = end; i < argc; ++i) argv[kept++] = argv[i];
   argc = kept;
   argv[argc] = nullptr;
-  if (!issues.empty()) throw InvalidConfigError(std::move(issues));
   return args;
 }
 

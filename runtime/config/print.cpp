@@ -1,6 +1,9 @@
-// The registry's public face (include/tandem/config/options_registry.h): key list, suggestions,
+// The registry's public face (include/tandem/runtime/config_keys.h): key list, suggestions,
 // and the printed forms (effective YAML, defaults as text and as Markdown tables).
+#include "base/strings.h"
 #include "runtime/config/key_spec.h"
+
+#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 
@@ -8,17 +11,6 @@ namespace tandem {
 namespace {
 
 using detail::specs;
-
-std::vector<std::string> split(const std::string& key) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  while (true) {
-    const auto dot = key.find('.', start);
-    parts.push_back(key.substr(start, dot - start));
-    if (dot == std::string::npos) return parts;
-    start = dot + 1;
-  }
-}
 
 std::string section_of(const std::string& key) { return key.substr(0, key.find('.')); }
 std::string leaf_of(const std::string& key) { return key.substr(key.rfind('.') + 1); }
@@ -36,9 +28,22 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
-// As YAML: strings quoted (so "", "null" or "1" stay strings), everything else plain.
-std::string yaml_value(const detail::KeySpec& s, const std::string& v) {
-  return s.info.type == "string" ? quoted(v) : v;
+// One value: strings double-quoted (so "", "null" or "1" stay strings), lists as flow sequences
+// ("[1, 2]"), everything else plain.
+void emit_value(YAML::Emitter& out, const detail::KeySpec& s, const std::string& v) {
+  if (s.info.type == "string") {
+    out << YAML::DoubleQuoted << v;
+  } else if (s.is_list) {
+    const std::string list = strings::trim(v);  // the getter prints "[1, 2]"
+    const std::string items = list.size() >= 2 ? list.substr(1, list.size() - 2) : list;
+    out << YAML::Flow << YAML::BeginSeq;
+    if (!strings::trim(items).empty()) {
+      for (const auto& item : strings::split(items, ',')) out << strings::trim(item);
+    }
+    out << YAML::EndSeq;
+  } else {
+    out << v;
+  }
 }
 
 std::string md_cell(const std::string& s) {
@@ -100,28 +105,29 @@ std::string suggest_config_key(const std::string& key) {
 }
 
 std::string config_to_yaml(const Config& config, const std::map<std::string, std::string>* sources) {
-  std::string out;
+  YAML::Emitter out;
+  out << YAML::BeginMap;
   std::vector<std::string> open;  // the maps we are inside
-  std::string section;
   for (const auto& s : specs()) {
-    const auto parts = split(s.info.key);
-    if (section_of(s.info.key) != section && !out.empty()) out += "\n";
-    section = section_of(s.info.key);
+    const auto parts = strings::split(s.info.key, '.');
+    if (!open.empty() && open.front() != parts.front()) out << YAML::Newline;  // between sections
     std::size_t common = 0;
     while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
-    open.resize(common);
+    for (; open.size() > common; open.pop_back()) out << YAML::EndMap;
     for (std::size_t i = common; i + 1 < parts.size(); ++i) {
-      out += std::string(2 * i, ' ') + parts[i] + ":\n";
+      out << YAML::Key << parts[i] << YAML::Value << YAML::BeginMap;
       open.push_back(parts[i]);
     }
-    out += std::string(2 * (parts.size() - 1), ' ') + parts.back() + ": " + yaml_value(s, s.get(config));
+    out << YAML::Key << parts.back() << YAML::Value;
+    emit_value(out, s, s.get(config));
     if (sources != nullptr) {
       const auto it = sources->find(s.info.key);
-      out += "  # " + (it == sources->end() ? std::string("default") : it->second);
+      out << YAML::Comment(it == sources->end() ? std::string("default") : it->second);
     }
-    out += "\n";
   }
-  return out;
+  for (; !open.empty(); open.pop_back()) out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
 }
 
 std::string config_defaults_text() {

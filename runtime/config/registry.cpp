@@ -1,278 +1,21 @@
-// The key table (include/tandem/config/options_registry.h): one entry per key, with the member it
+// The key table (include/tandem/runtime/config_keys.h): one entry per key, with the member it
 // sets. Defaults are read from a default-constructed Config, so they cannot drift from the structs.
-#include "runtime/config/key_spec.h"
+// The builders the entries are made with are in key_builders.h.
+#include "runtime/config/key_builders.h"
+
+#include "base/strings.h"
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
-#include <chrono>
-#include <cmath>
 #include <limits>
 #include <set>
 #include <stdexcept>
-#include <type_traits>
-#include <utility>
 
 namespace tandem::detail {
 namespace {
 
-std::string trim(const std::string& s) {
-  const auto b = s.find_first_not_of(" \t\r\n");
-  if (b == std::string::npos) return "";
-  const auto e = s.find_last_not_of(" \t\r\n");
-  return s.substr(b, e - b + 1);
-}
-
-// Closed or open bounds; text is what errors and docs show.
-struct Range {
-  double lo = -std::numeric_limits<double>::infinity();
-  double hi = std::numeric_limits<double>::infinity();
-  bool lo_open = false, hi_open = false;
-  std::string text;
-  bool contains(double v) const {
-    return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
-  }
-};
-
-std::string num_text(double v) {
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof(buf), v);
-  return std::string(buf, r.ptr);
-}
-Range any() { return {}; }
-Range ge(double lo) { return {lo, std::numeric_limits<double>::infinity(), false, false, ">= " + num_text(lo)}; }
-Range gt(double lo) { return {lo, std::numeric_limits<double>::infinity(), true, false, "> " + num_text(lo)}; }
-Range in(double lo, double hi, bool lo_open, bool hi_open) {
-  return {lo, hi, lo_open, hi_open,
-          std::string(lo_open ? "(" : "[") + num_text(lo) + ", " + num_text(hi) + (hi_open ? ")" : "]")};
-}
-
-constexpr std::pair<const char*, int> kByteSuffixes[] = {
-    {"TiB", 40}, {"GiB", 30}, {"MiB", 20}, {"KiB", 10}, {"T", 40}, {"G", 30}, {"M", 20}, {"K", 10}};
-
-enum class Parse { kOk, kMalformed, kTooLarge };
-
-template <class T>
-Parse parse_number(std::string s, T& out, bool bytes) {
-  s = trim(s);
-  int shift = 0;
-  if (bytes) {
-    for (const auto& [suffix, bits] : kByteSuffixes) {
-      const std::string suf = suffix;
-      if (s.size() > suf.size() && s.compare(s.size() - suf.size(), suf.size(), suf) == 0) {
-        s = trim(s.substr(0, s.size() - suf.size()));
-        shift = bits;
-        break;
-      }
-    }
-  }
-  if (s.empty()) return Parse::kMalformed;
-  if (!std::is_signed_v<T> && s[0] == '-') return Parse::kMalformed;
-  if (s[0] == '+') s.erase(0, 1);
-  const char* end = s.data() + s.size();
-  if constexpr (std::is_floating_point_v<T>) {
-    double v = 0;
-    const auto r = std::from_chars(s.data(), end, v);
-    if (r.ec != std::errc() || r.ptr != end || !std::isfinite(v)) return Parse::kMalformed;
-    out = static_cast<T>(v);
-  } else {
-    T v = 0;
-    const auto r = std::from_chars(s.data(), end, v);
-    if (r.ec == std::errc::result_out_of_range && r.ptr == end) return Parse::kTooLarge;
-    if (r.ec != std::errc() || r.ptr != end) return Parse::kMalformed;
-    if (shift > 0) {
-      if (v > (std::numeric_limits<T>::max() >> shift)) return Parse::kTooLarge;
-      v = static_cast<T>(v << shift);
-    }
-    out = v;
-  }
-  return Parse::kOk;
-}
-
-std::string bytes_text(std::uint64_t v) {
-  if (v == 0) return "0";
-  for (const auto& [suffix, bits] : kByteSuffixes) {
-    const std::string suf = suffix;
-    if (suf.size() == 3 && v % (std::uint64_t{1} << bits) == 0)
-      return std::to_string(v >> bits) + suf;
-  }
-  return std::to_string(v);
-}
-
-SetResult ok() { return {}; }
-SetResult fail(SetStatus s) { return {s, ""}; }
-
-// The builders below take `ref`: a lambda from Config& to the member's reference.
+// The builders take this: a lambda from Config& to the member's reference.
 #define TANDEM_REF(member) [](Config & c) -> auto& { return c.member; }
-
-template <class F>
-auto& read(const F& ref, const Config& c) {
-  return ref(const_cast<Config&>(c));  // ref only selects a member; nothing is written
-}
-
-template <class F>
-KeySpec number(const std::string& key, F ref, Range range, const std::string& doc, bool bytes = false) {
-  using T = std::remove_reference_t<decltype(ref(std::declval<Config&>()))>;
-  KeySpec s;
-  s.info.key = key;
-  s.info.type = bytes ? "bytes" : std::is_floating_point_v<T> ? "float" : std::is_signed_v<T> ? "int" : "uint";
-  s.info.allowed = range.text;
-  s.info.doc = doc;
-  s.set = [ref, range, bytes](Config& c, const std::string& text) -> SetResult {
-    T v{};
-    const Parse p = parse_number<T>(text, v, bytes);
-    if (p != Parse::kOk) return fail(p == Parse::kTooLarge ? SetStatus::kRange : SetStatus::kType);
-    if (!range.contains(static_cast<double>(v))) return fail(SetStatus::kRange);
-    ref(c) = v;
-    return ok();
-  };
-  s.get = [ref, bytes](const Config& c) -> std::string {
-    const T v = read(ref, c);
-    if constexpr (std::is_floating_point_v<T>) {
-      return num_text(static_cast<double>(v));
-    } else {
-      if (bytes) return bytes_text(static_cast<std::uint64_t>(v));
-      return std::to_string(v);
-    }
-  };
-  return s;
-}
-
-bool parse_bool(const std::string& text, bool& out) {
-  const std::string t = trim(text);
-  if (t == "true" || t == "1") return out = true, true;
-  if (t == "false" || t == "0") return out = false, true;
-  return false;
-}
-
-template <class F>
-KeySpec boolean(const std::string& key, F ref, const std::string& doc) {
-  KeySpec s;
-  s.info.key = key;
-  s.info.type = "bool";
-  s.info.allowed = "true | false";
-  s.info.doc = doc;
-  s.set = [ref](Config& c, const std::string& text) -> SetResult {
-    bool v = false;
-    if (!parse_bool(text, v)) return fail(SetStatus::kType);
-    ref(c) = v;
-    return ok();
-  };
-  s.get = [ref](const Config& c) -> std::string { return read(ref, c) ? "true" : "false"; };
-  return s;
-}
-
-template <class F>
-KeySpec text(const std::string& key, F ref, const std::string& doc) {
-  KeySpec s;
-  s.info.key = key;
-  s.info.type = "string";
-  s.info.doc = doc;
-  s.set = [ref](Config& c, const std::string& t) -> SetResult {
-    ref(c) = t;
-    return ok();
-  };
-  s.get = [ref](const Config& c) -> std::string { return read(ref, c); };
-  return s;
-}
-
-std::string join(const std::vector<std::string>& items, const char* sep) {
-  std::string out;
-  for (std::size_t i = 0; i < items.size(); ++i) out += (i ? sep : "") + items[i];
-  return out;
-}
-
-// A member of type E chosen by name; `names[i]` is the name of `values[i]`.
-template <class F, class E>
-KeySpec choice(const std::string& key, F ref, std::vector<std::pair<std::string, E>> options,
-               const std::string& doc) {
-  KeySpec s;
-  s.info.key = key;
-  s.info.type = "choice";
-  s.info.doc = doc;
-  for (const auto& o : options) s.choices.push_back(o.first);
-  s.info.allowed = join(s.choices, " | ");
-  const std::vector<std::string> names = s.choices;
-  s.set = [ref, options, names](Config& c, const std::string& text) -> SetResult {
-    const std::string t = trim(text);
-    for (const auto& o : options) {
-      if (o.first == t) {
-        ref(c) = o.second;
-        return ok();
-      }
-    }
-    return {SetStatus::kChoice, closest(t, names)};
-  };
-  s.get = [ref, options](const Config& c) -> std::string {
-    for (const auto& o : options)
-      if (o.second == read(ref, c)) return o.first;
-    return "?";
-  };
-  return s;
-}
-
-template <class F>
-KeySpec string_choice(const std::string& key, F ref, const std::vector<std::string>& names,
-                      const std::string& doc) {
-  std::vector<std::pair<std::string, std::string>> options;
-  for (const auto& n : names) options.emplace_back(n, n);
-  return choice(key, ref, options, doc);
-}
-
-// Seconds in config, milliseconds in InitOptions.
-KeySpec timeout_key() {
-  KeySpec s;
-  s.info.key = "comm.timeout_s";
-  s.info.type = "float";
-  s.info.allowed = "> 0";
-  s.info.doc = "Rendezvous, store and collective timeout in seconds; a longer wait raises TimeoutError.";
-  s.set = [](Config& c, const std::string& t) -> SetResult {
-    double v = 0;
-    if (parse_number<double>(t, v, false) != Parse::kOk) return fail(SetStatus::kType);
-    if (!(v > 0) || v > 1e9) return fail(SetStatus::kRange);
-    c.comm.timeout = std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(v * 1000)));
-    return ok();
-  };
-  s.get = [](const Config& c) { return num_text(static_cast<double>(c.comm.timeout.count()) / 1000); };
-  return s;
-}
-
-KeySpec balance_key() {
-  KeySpec s;
-  s.info.key = "pipeline.balance";
-  s.info.type = "list<int>";
-  s.info.allowed = "each >= 1";
-  s.info.doc = "Layers per stage (p * v entries); empty: split by pipeline.partition.";
-  s.is_list = true;
-  s.set = [](Config& c, const std::string& text) -> SetResult {
-    std::string t = trim(text);
-    if (!t.empty() && t.front() == '[') {
-      if (t.back() != ']') return fail(SetStatus::kType);
-      t = t.substr(1, t.size() - 2);
-    }
-    std::vector<int64_t> out;
-    if (!trim(t).empty()) {
-      std::size_t start = 0;
-      while (true) {
-        const auto comma = t.find(',', start);
-        int64_t v = 0;
-        if (parse_number<int64_t>(t.substr(start, comma - start), v, false) != Parse::kOk) return fail(SetStatus::kType);
-        if (v < 1) return fail(SetStatus::kRange);
-        out.push_back(v);
-        if (comma == std::string::npos) break;
-        start = comma + 1;
-      }
-    }
-    c.pipeline.balance = out;
-    return ok();
-  };
-  s.get = [](const Config& c) {
-    std::vector<std::string> items;
-    for (auto v : c.pipeline.balance) items.push_back(std::to_string(v));
-    return "[" + join(items, ", ") + "]";
-  };
-  return s;
-}
 
 std::vector<KeySpec> build() {
   using memory::StackCapture;
@@ -300,13 +43,28 @@ std::vector<KeySpec> build() {
                       ".grad tensors are views into the buckets (no copy in or out)."));
   k.push_back(boolean("ddp.broadcast_buffers", TANDEM_REF(ddp.broadcast_buffers),
                       "Broadcast rank 0's buffers (e.g. batch-norm statistics) before each forward."));
+  // sharding
+  k.push_back(number("sharding.stage", TANDEM_REF(sharding.stage), in(0, 3, false, false),
+                     "0: replicate (DistributedDataParallel); 1: shard optimizer state; 2: + gradients; 3: + parameters."));
+  k.push_back(boolean("sharding.reshard_after_forward", TANDEM_REF(sharding.reshard_after_forward),
+                      "Stage 3: free a unit's full parameters after its forward (gather again for backward)."));
+  k.push_back(boolean("sharding.prefetch", TANDEM_REF(sharding.prefetch),
+                      "Stage 3: gather the next unit while the current one computes."));
+  k.push_back(number("sharding.group_size", TANDEM_REF(sharding.group_size), ge(0),
+                     "Ranks one shard spans (0: all); smaller: shard inside groups, replicate across (hybrid)."));
+  k.push_back(string_choice("sharding.reduce_dtype", TANDEM_REF(sharding.reduce_dtype), {"fp32", "fp16", "bf16"},
+                            "Precision of the reduce-scattered gradients on the wire."));
   // compression
   k.push_back(string_choice(
       "compression.codec", TANDEM_REF(compression.codec),
-      {"average", "fp16", "bf16", "powersgd", "topk", "sign"},
-      "Gradient codec of DistributedDataParallel (docs/compression.md says when each pays off)."));
+      {"average", "fp16", "bf16", "auto", "powersgd", "topk", "sign"},
+      "Gradient codec of DistributedDataParallel (docs/compression.md says when each pays off; "
+      "auto measures the link and picks average or the wire cast)."));
   k.push_back(string_choice("compression.wire", TANDEM_REF(compression.wire), {"fp32", "fp16", "bf16"},
-                            "Precision the codec's floating tensors travel in."));
+                            "Precision the codec's floating tensors travel in (for auto: the cast it may "
+                            "choose, fp32 meaning bf16)."));
+  k.push_back(number("compression.auto.min_speedup", TANDEM_REF(compression.automatic.min_speedup), ge(0),
+                     "auto casts only if that makes a probe all-reduce at least this many times faster."));
   k.push_back(number("compression.powersgd.rank", TANDEM_REF(compression.powersgd.rank), ge(1),
                      "Columns of the P and Q factors (clamped to min(rows, cols))."));
   k.push_back(number("compression.powersgd.start_iter", TANDEM_REF(compression.powersgd.start_iter), ge(0),
@@ -483,26 +241,11 @@ std::string env_name(const std::string& key) {
   return out;
 }
 
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diag = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 std::string closest(const std::string& word, const std::vector<std::string>& candidates) {
   std::string best;
   std::size_t best_d = std::numeric_limits<std::size_t>::max();
   for (const auto& c : candidates) {
-    const std::size_t d = edit_distance(word, c);
+    const std::size_t d = strings::edit_distance(word, c);
     if (d < best_d) best_d = d, best = c;
   }
   // A typo, not a different word: at most a third of the word, and at least 2 edits allowed.

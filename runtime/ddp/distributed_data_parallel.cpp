@@ -4,6 +4,8 @@
 #include <tandem/base/trace.h>
 #include <tandem/memory/cpu_allocator.h>
 
+#include "base/strings.h"
+
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -45,13 +47,6 @@ std::string describe_parameters(const std::vector<std::string>& names,
   return out.str();
 }
 
-std::vector<std::string> split_lines(const std::string& s) {
-  std::vector<std::string> lines;
-  std::istringstream in(s);
-  for (std::string line; std::getline(in, line);) lines.push_back(line);
-  return lines;
-}
-
 // Every rank learns every rank's parameter list and raises the same error on a mismatch.
 void verify_same_parameters(Communicator& comm, const std::string& mine) {
   if (comm.size() == 1) return;
@@ -70,9 +65,9 @@ void verify_same_parameters(Communicator& comm, const std::string& mine) {
     const char* base = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
     return std::string(base, static_cast<size_t>(lengths.data_ptr<int64_t>()[r]));
   };
-  const auto reference = split_lines(text_of(0));
+  const auto reference = strings::split_lines(text_of(0));
   for (int r = 1; r < n; ++r) {
-    const auto other = split_lines(text_of(r));
+    const auto other = strings::split_lines(text_of(r));
     for (size_t i = 0; i < std::max(reference.size(), other.size()); ++i) {
       const std::string a = i < reference.size() ? reference[i] : "(none)";
       const std::string b = i < other.size() ? other[i] : "(none)";

@@ -1,6 +1,10 @@
 // Private to runtime/pipeline: PipelineParallel's state, shared by pipeline_parallel.cpp
-// (construction, step execution) and pipeline_stats.cpp (recording, partitioning, groups).
+// (construction, the step), pipeline_actions.cpp (running one schedule action),
+// pipeline_transport.cpp (the send thread, collective helpers) and pipeline_stats.cpp (recording,
+// partitioning, groups).
 #pragma once
+
+#include "base/serial_executor.h"
 
 #include <ATen/core/grad_mode.h>
 #include <tandem/base/errors.h>
@@ -8,13 +12,10 @@
 #include <torch/nn/modules/linear.h>
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <exception>
 #include <map>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -34,34 +35,23 @@ std::vector<double> allreduce_doubles(Communicator& comm, const std::vector<doub
 // 0 F, 1 B, 2 I, 3 W; -1 for comm actions.
 int64_t op_index(pipeline::Op op);
 
-// Posts sends on a thread of its own ("tandem-pp-send"), in the order they were queued, so the
-// training thread never blocks inside the transport (Gloo's send can hold the caller for
-// milliseconds while the pair's loop thread reads). Owned and joined by PipelineParallel::Impl.
+// Posts sends on a thread of its own ("tandem-pp-send", a SerialExecutor), in the order they were
+// queued, so the training thread never blocks inside the transport (Gloo's send can hold the
+// caller for milliseconds while the pair's loop thread reads). Owned by PipelineParallel::Impl.
 class SendThread {
  public:
-  explicit SendThread(std::shared_ptr<Communicator> comm);
-  ~SendThread();
-  SendThread(const SendThread&) = delete;
-  SendThread& operator=(const SendThread&) = delete;
+  explicit SendThread(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
+  // Queues a send; rethrows the first error an earlier send raised.
   void send(at::Tensor tensor, int peer, uint32_t tag);
   // Waits until every queued send is posted and complete; rethrows the first error.
   void drain();
 
  private:
-  struct Item {
-    at::Tensor tensor;
-    int peer;
-    uint32_t tag;
-  };
-  void loop();
   std::shared_ptr<Communicator> comm_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;
+  std::mutex mu_;  // guards posted_ and error_
   std::vector<std::pair<WorkPtr, at::Tensor>> posted_;
-  bool busy_ = false, stop_ = false;
   std::exception_ptr error_;
-  std::thread thread_;
+  SerialExecutor executor_{"tandem-pp-send"};  // last: joined first, while the above still lives
 };
 
 }  // namespace detail

@@ -14,6 +14,29 @@ using pipeline::Action;
 using pipeline::Op;
 using namespace detail;
 
+namespace detail {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int64_t op_index(Op op) {
+  switch (op) {
+    case Op::kForward:
+      return 0;
+    case Op::kBackward:
+      return 1;
+    case Op::kBackwardInput:
+      return 2;
+    case Op::kBackwardWeight:
+      return 3;
+    default:
+      return -1;
+  }
+}
+
+}  // namespace detail
+
 std::vector<int64_t> partition_balanced(const std::vector<double>& weights, int parts) {
   const int n = static_cast<int>(weights.size());
   if (parts < 1 || parts > n) {

@@ -1,10 +1,15 @@
 // Pipeline schedules: builders, lowering and text I/O (validation is in validate.cpp).
 #include <tandem/runtime/pipeline_schedule.h>
 
+#include "base/strings.h"
+
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 namespace tandem::pipeline {
@@ -46,34 +51,20 @@ Schedule empty_schedule(const std::string& name, int p, int stages, int m) {
   return s;
 }
 
+// The comma-separated fields of a schedule line, without the blanks around them.
 std::vector<std::string> split_csv(const std::string& line) {
-  std::vector<std::string> out;
-  std::string cur;
-  for (char c : line) {
-    if (c == ',') {
-      out.push_back(cur);
-      cur.clear();
-    } else if (c != ' ' && c != '\t' && c != '\r') {
-      cur.push_back(c);
-    }
-  }
-  out.push_back(cur);
-  return out;
+  std::vector<std::string> fields = strings::split(line, ',');
+  for (auto& f : fields) f = strings::trim(f);
+  return fields;
 }
 
 int parse_int(const std::string& text, int line_no) {
-  try {
-    size_t used = 0;
-    const long v = std::stol(text, &used);
-    if (used != text.size() || v < std::numeric_limits<int>::min() ||
-        v > std::numeric_limits<int>::max()) {
-      throw std::invalid_argument("trailing");
-    }
-    return static_cast<int>(v);
-  } catch (const std::exception&) {
+  const std::optional<int64_t> v = strings::parse_int(text);
+  if (!v || *v < std::numeric_limits<int>::min() || *v > std::numeric_limits<int>::max()) {
     throw ScheduleError("schedule text line " + std::to_string(line_no) + ": '" + text +
                         "' is not an integer");
   }
+  return static_cast<int>(*v);
 }
 
 }  // namespace
@@ -148,26 +139,15 @@ std::string Schedule::grid(int mark_rank, int mark_step) const {
 }
 
 uint64_t Schedule::fingerprint() const {
-  uint64_t h = 1469598103934665603ull;
-  auto mix = [&h](int64_t v) {
-    for (int i = 0; i < 8; ++i) {
-      h ^= static_cast<uint64_t>(v >> (8 * i)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  };
-  mix(num_ranks);
-  mix(num_stages);
-  mix(num_microbatches);
-  for (int r : stage_to_rank) mix(r);
+  std::vector<int64_t> words = {num_ranks, num_stages, num_microbatches};
+  words.insert(words.end(), stage_to_rank.begin(), stage_to_rank.end());
   for (const auto& list : actions) {
-    mix(static_cast<int64_t>(list.size()));
+    words.push_back(static_cast<int64_t>(list.size()));
     for (const auto& a : list) {
-      mix(static_cast<int>(a.op));
-      mix(a.stage);
-      mix(a.microbatch);
+      words.insert(words.end(), {static_cast<int64_t>(a.op), a.stage, a.microbatch});
     }
   }
-  return h;
+  return XXH3_64bits(words.data(), words.size() * sizeof(int64_t));
 }
 
 bool Schedule::operator==(const Schedule& o) const {

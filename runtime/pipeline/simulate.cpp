@@ -17,7 +17,7 @@ Costs Costs::uniform(int num_stages, double f, double i, double w, double latenc
   c.forward.assign(num_stages, f);
   c.backward_input.assign(num_stages, i);
   c.backward_weight.assign(num_stages, w);
-  c.send_latency = latency;
+  c.comm.send_latency = latency;
   return c;
 }
 
@@ -38,7 +38,13 @@ SimResult simulate(const Schedule& input, const Costs& costs) {
                       std::to_string(costs.backward_input.size()) + ", W " +
                       std::to_string(costs.backward_weight.size()));
   }
-  if (costs.send_latency < 0) throw ConfigError("simulate: send_latency must be >= 0");
+  const CommCosts& comm = costs.comm;
+  if (comm.send_latency < 0 || comm.send_overhead < 0 || comm.recv_overhead < 0) {
+    throw ConfigError("simulate: the communication costs must be >= 0, got send_latency " +
+                      std::to_string(comm.send_latency) + ", send_overhead " +
+                      std::to_string(comm.send_overhead) + ", recv_overhead " +
+                      std::to_string(comm.recv_overhead));
+  }
   const int R = s.num_ranks;
   SimResult res;
   res.busy.assign(R, 0.0);
@@ -76,13 +82,14 @@ SimResult simulate(const Schedule& input, const Costs& costs) {
           case Op::kSendForward:
           case Op::kSendBackward:
             arrival[{a.op == Op::kSendForward, a.stage, a.microbatch}] =
-                clock[r] + costs.send_latency;
+                clock[r] + comm.send_latency;
+            t.end += comm.send_overhead;
             break;
           case Op::kRecvForward:
           case Op::kRecvBackward: {
             auto it = arrival.find({a.op == Op::kRecvForward, a.stage, a.microbatch});
             if (it == arrival.end()) goto blocked;
-            t.end = std::max(clock[r], it->second);
+            t.end = std::max(clock[r] + comm.recv_overhead, it->second);
             break;
           }
         }
@@ -98,10 +105,14 @@ SimResult simulate(const Schedule& input, const Costs& costs) {
     }
   }
   res.makespan = *std::max_element(clock.begin(), clock.end());
+  res.finish = clock;
   res.bubble.resize(R);
+  res.own_bubble.resize(R);
   for (int r = 0; r < R; ++r) {
     res.bubble[r] = res.makespan > 0 ? 1.0 - res.busy[r] / res.makespan : 0.0;
     res.mean_bubble += res.bubble[r] / R;
+    res.own_bubble[r] = clock[r] > 0 ? 1.0 - res.busy[r] / clock[r] : 0.0;
+    res.mean_own_bubble += res.own_bubble[r] / R;
   }
   return res;
 }
@@ -120,23 +131,52 @@ std::vector<double> bubble_fractions(const std::vector<TimedAction>& timeline, i
   return out;
 }
 
-double measured_send_latency(const std::vector<TimedAction>& timeline) {
-  std::map<std::tuple<bool, int, int>, double> send_end;
-  for (const auto& t : timeline) {
-    if (t.action.op == Op::kSendForward || t.action.op == Op::kSendBackward) {
-      send_end[{t.action.op == Op::kSendForward, t.action.stage, t.action.microbatch}] = t.end;
+CommCosts measured_comm_costs(const std::vector<std::vector<TimedAction>>& timelines) {
+  using Key = std::tuple<bool, int, int>;  // (forward?, producing stage, microbatch)
+  auto key = [](const Action& a) {
+    return Key{a.op == Op::kSendForward || a.op == Op::kRecvForward, a.stage, a.microbatch};
+  };
+  auto is_send = [](Op op) { return op == Op::kSendForward || op == Op::kSendBackward; };
+  auto is_recv = [](Op op) { return op == Op::kRecvForward || op == Op::kRecvBackward; };
+  // Per timeline, each RECV with its SEND's start: (recv start, recv end, send start).
+  std::vector<std::tuple<double, double, double>> pairs;
+  double send_sum = 0;
+  size_t sends = 0;
+  for (const auto& timeline : timelines) {
+    std::map<Key, double> send_start;
+    for (const auto& t : timeline) {
+      if (!is_send(t.action.op)) continue;
+      send_start[key(t.action)] = t.start;
+      send_sum += t.end - t.start;
+      ++sends;
+    }
+    for (const auto& t : timeline) {
+      if (!is_recv(t.action.op)) continue;
+      auto it = send_start.find(key(t.action));
+      if (it != send_start.end()) pairs.emplace_back(t.start, t.end, it->second);
     }
   }
-  std::vector<double> samples;
-  for (const auto& t : timeline) {
-    if (t.action.op != Op::kRecvForward && t.action.op != Op::kRecvBackward) continue;
-    auto it = send_end.find({t.action.op == Op::kRecvForward, t.action.stage, t.action.microbatch});
-    if (it != send_end.end() && t.start <= it->second)
-      samples.push_back(std::max(0.0, t.end - it->second));
+  CommCosts c;
+  c.send_overhead = sends ? send_sum / static_cast<double>(sends) : 0.0;
+  double sum = 0;
+  size_t n = 0;
+  for (const auto& [start, end, sent] : pairs) {
+    if (start <= sent) {  // waiting before the send began: the whole transfer
+      sum += end - sent;
+      ++n;
+    }
   }
-  if (samples.empty()) return 0.0;
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  c.send_latency = n ? std::max(0.0, sum / static_cast<double>(n)) : 0.0;
+  sum = 0;
+  n = 0;
+  for (const auto& [start, end, sent] : pairs) {
+    if (start >= sent + c.send_latency) {  // the tensor was (on average) there already
+      sum += end - start;
+      ++n;
+    }
+  }
+  c.recv_overhead = n ? sum / static_cast<double>(n) : 0.0;
+  return c;
 }
 
 namespace {

@@ -126,6 +126,104 @@ TEST(CastCodec, AverageOfValuesNearTheFp16MaximumDoesNotOverflow) {
   });
 }
 
+// Over shared memory the casts happen on the way into and out of the segment (no wire copy);
+// the bits are those of casting, summing in rank order with a rounding after every addition, and
+// widening, for 3 ranks (the division is a true quotient) and for values that overflow, vanish
+// into subnormals or are not numbers.
+TEST(CastCodec, SharedMemoryCastsInFlightWithTheBitsOfCastingFirst) {
+  const int64_t n = numel_of(kShapes);
+  auto values = [&](int rank) {
+    at::Tensor g = grad_of(rank, 0, n);
+    const float specials[] = {std::nanf(""), INFINITY, -INFINITY, 2.1e5f, -2.1e5f, 1e-7f, 3e-8f,
+                              1e-40f, -1e-39f, 0.0f, -0.0f, 65504.0f * 3};
+    for (size_t i = 0; i < std::size(specials); ++i) g[static_cast<int64_t>(i * 7 + rank)] = specials[i];
+    return g;
+  };
+  for (const auto& [name, dtype] : {std::pair{"fp16", at::kHalf}, std::pair{"bf16", at::kBFloat16}}) {
+    SCOPED_TRACE(name);
+    at::Tensor want = (values(0) / 3).to(dtype);
+    for (int r = 1; r < 3; ++r) want = (want.to(at::kFloat) + (values(r) / 3).to(dtype).to(at::kFloat)).to(dtype);
+    want = want.to(at::kFloat);
+    std::vector<at::Tensor> got(3);
+    run_ranks(3, [&, name = name](Communicator& comm) {
+      auto codec = make_codec(name);
+      GradBucket b = make_bucket(kShapes, values(comm.rank()));
+      codec->reduce(comm, b)->wait();
+      got[comm.rank()] = b.buffer;
+      EXPECT_EQ(codec->bytes_sent_last_step(), static_cast<uint64_t>(n * 2 * 2 * 2 / 3));
+    });
+    // NaN stays NaN; its bits are c10's (0x7FC0 for bfloat16) where ATen's vector casts of the
+    // reference give 0xFFFF, so only NaN-ness is compared there.
+    const at::Tensor nan = want.isnan();
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(at::equal(got[r].isnan(), nan)) << "rank " << r;
+      const at::Tensor bits = got[r].masked_fill(nan, 0).view(at::kInt);
+      const at::Tensor want_bits = want.masked_fill(nan, 0).view(at::kInt);
+      EXPECT_TRUE(at::equal(bits, want_bits)) << "rank " << r << ": differs at "
+          << at::nonzero(bits.ne(want_bits)).flatten().slice(0, 0, 5);
+    }
+  }
+}
+
+// ---- auto ---------------------------------------------------------------------------------------
+
+// min_speedup 0 always casts, 1e30 never does: the verdict is forced, the rest is the real path
+// (probe, agreement, then the chosen all-reduce for every bucket).
+TEST(AutoCodec, SendsWhatItChoseAndSaysSoOverSharedMemoryAndTcp) {
+  GlooOptions tcp;
+  tcp.shared_memory = false;
+  for (const GlooOptions& transport : {GlooOptions{}, tcp}) {
+    for (const auto& [min_speedup, cast] : {std::pair{0.0, true}, std::pair{1e30, false}}) {
+      SCOPED_TRACE(std::string(transport.shared_memory ? "shm" : "tcp") + " min_speedup " +
+                   std::to_string(min_speedup));
+      const auto make = [min_speedup = min_speedup] {
+        return make_auto_codec({.wire = at::kHalf, .min_speedup = min_speedup});
+      };
+      const CodecRun got = run_codec(2, 2, kShapes, make, at::kFloat, transport);
+      const CodecRun want = run_codec(2, 2, kShapes, [&] { return make_codec(cast ? "fp16" : "average"); },
+                                      at::kFloat, transport);
+      for (int s = 0; s < 2; ++s) EXPECT_TRUE(at::equal(got.decoded[0][s], want.decoded[0][s])) << s;
+      expect_same_bits_on_every_rank(got);
+      EXPECT_EQ(got.codecs[1]->name(), cast ? "auto(fp16)" : "auto(average)");
+      // The probe is not gradient traffic.
+      EXPECT_EQ(got.codecs[0]->bytes_sent_last_step(), want.codecs[0]->bytes_sent_last_step());
+      EXPECT_DOUBLE_EQ(got.codecs[0]->compression_ratio(), cast ? 2.0 : 1.0);
+    }
+  }
+}
+
+// Rank 0's verdict holds everywhere, even where a rank was configured otherwise: ranks that
+// disagreed would put different collectives on the wire.
+TEST(AutoCodec, EveryRankFollowsRankZerosVerdict) {
+  for (const bool rank0_casts : {true, false}) {
+    SCOPED_TRACE(rank0_casts ? "rank 0 casts" : "rank 0 does not cast");
+    std::vector<std::string> names(2);
+    std::vector<at::Tensor> decoded(2);
+    run_ranks(2, [&](Communicator& comm) {
+      const bool casts = (comm.rank() == 0) == rank0_casts;
+      auto codec = make_auto_codec({.min_speedup = casts ? 0.0 : 1e30});
+      EXPECT_EQ(codec->name(), "auto");  // undecided until its first bucket
+      GradBucket b = make_bucket(kShapes, grad_of(comm.rank(), 0, numel_of(kShapes)));
+      codec->reduce(comm, b)->wait();
+      names[comm.rank()] = codec->name();
+      decoded[comm.rank()] = b.buffer;
+    });
+    EXPECT_EQ(names[0], rank0_casts ? "auto(bf16)" : "auto(average)");
+    EXPECT_EQ(names[1], names[0]);
+    EXPECT_TRUE(at::equal(decoded[0], decoded[1]));
+  }
+}
+
+TEST(AutoCodec, OneRankSendsNothingAndCastsNothing) {
+  run_ranks(1, [](Communicator& comm) {
+    auto codec = make_codec("auto", {{"min_speedup", "0"}});
+    GradBucket b = make_bucket({{3}}, at::tensor({0.1f, 0.2f, 0.3f}));
+    codec->reduce(comm, b)->wait();
+    EXPECT_EQ(codec->name(), "auto(average)");
+    EXPECT_TRUE(at::equal(b.buffer, at::tensor({0.1f, 0.2f, 0.3f})));
+  });
+}
+
 // ---- PowerSGD ---------------------------------------------------------------------------------
 
 TEST(PowerSgd, RankAtLeastMinDimensionReproducesTheExactAverage) {
@@ -411,6 +509,7 @@ TEST(MakeCodec, BuildsEveryCodecByName) {
   EXPECT_EQ(make_codec("powersgd", {{"wire", "fp16"}})->name(), "powersgd+fp16");
   EXPECT_EQ(make_codec("topk", {{"ratio", "0.01"}, {"error_feedback", "false"}})->name(), "topk");
   EXPECT_EQ(make_codec("sign", {{"wire", "bf16"}})->name(), "sign+bf16");
+  EXPECT_EQ(make_codec("auto", {{"wire", "fp16"}, {"min_speedup", "2"}})->name(), "auto");
 }
 
 void expect_config_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
@@ -435,6 +534,8 @@ TEST(MakeCodec, BadNamesParametersAndValuesSayWhatIsAllowed) {
   expect_config_error([] { make_codec("sign", {{"wire", "fp8"}}); }, {"'fp8'", "fp16, bf16"});
   expect_config_error([] { make_codec("fp16", {{"wire", "bf16"}}); }, {"'bf16'"});
   expect_config_error([] { make_codec("average", {{"rank", "2"}}); }, {"'rank'", "wire"});
+  expect_config_error([] { make_codec("auto", {{"wire", "fp8"}}); }, {"'fp8'", "fp16 or bf16"});
+  expect_config_error([] { make_codec("auto", {{"min_speedup", "-1"}}); }, {"min_speedup", ">= 0"});
 }
 
 TEST(MakeCodec, OneCodecServesOneCommunicator) {

@@ -3,6 +3,8 @@
 #include <tandem/runtime/config.h>
 #include <tandem/runtime/config_keys.h>
 
+#include "tests/support/test_support.h"
+
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -126,6 +128,27 @@ TEST_F(ConfigTest, CodecIsBuiltFromTheCompressionSection) {
   EXPECT_EQ(one_problem({{}, {}, {"compression.codec=fp16", "compression.wire=bf16"}}),
             "--set: compression.codec = fp16 cannot take compression.wire = bf16; use "
             "compression.codec = bf16 (or wire fp32).");
+  // auto: compression.wire names the cast it may choose (fp32: bf16).
+  c = load_config({{}, {}, {"compression.codec=auto", "compression.auto.min_speedup=0"}});
+  EXPECT_EQ(c.config.ddp.codec->name(), "auto");
+  EXPECT_EQ(c.config.compression.automatic.min_speedup, 0.0);
+  for (const auto& [wire, chosen] : {std::pair{"fp32", "auto(bf16)"}, std::pair{"fp16", "auto(fp16)"}}) {
+    c = load_config({{}, {}, {"compression.codec=auto", std::string("compression.wire=") + wire,
+                              "compression.auto.min_speedup=0"}});
+    std::vector<std::string> names(2);
+    testing::run_ranks(2, [&](Communicator& comm) {
+      auto codec = c.config.make_codec();
+      GradBucket b;
+      b.buffer = at::ones({8});
+      b.param_indices = {0};
+      b.offsets = {0};
+      b.shapes = {{8}};
+      codec->reduce(comm, b)->wait();
+      names[comm.rank()] = codec->name();
+    });
+    EXPECT_EQ(names[0], chosen);
+    EXPECT_EQ(names[1], chosen);
+  }
 }
 
 TEST_F(ConfigTest, BytesAndListsParse) {
@@ -180,6 +203,9 @@ TEST_F(ConfigTest, OutOfRangeNamesTheRange) {
   EXPECT_EQ(one_problem({{}, {}, {"pipeline.num_microbatches=99999999999"}}),
             "--set pipeline.num_microbatches=99999999999: pipeline.num_microbatches must be >= 1, got "
             "'99999999999' (default 4).");
+  EXPECT_EQ(one_problem({{}, {}, {"compression.auto.min_speedup=-1"}}),
+            "--set compression.auto.min_speedup=-1: compression.auto.min_speedup must be >= 0, got "
+            "'-1' (default 1.25).");
 }
 
 TEST_F(ConfigTest, BadChoiceListsChoicesAndSuggests) {

@@ -10,9 +10,20 @@ trap 'rm -rf "$work"' EXIT
 cd "$work"
 run() { "$tandemrun" --standalone --nproc-per-node 2 "$@" 2>&1; }
 fail() { echo "check_example: $kind: $*" >&2; exit 1; }
+# A flag the example does not know: exit 2 (run_main's "fix the command line or config" status,
+# not CLI11's 1xx codes), the error and the usage on stderr (issue 20 item 9).
+check_bad_flag() {
+  local status=0 err
+  err="$("$binary" --no-such-flag 2>&1 >/dev/null)" || status=$?
+  echo "$err"
+  [ "$status" -eq 2 ] || fail "a bad flag exited $status, not 2"
+  grep -q -- "--no-such-flag" <<<"$err" || fail "the error does not name the bad flag"
+  grep -q "Usage:" <<<"$err" || fail "no usage message after a bad flag"
+}
 
 case "$kind" in
   lm)
+    check_bad_flag
     out="$(run "$binary" --config "$configs/train_lm.yaml" --set train.steps=40 --set metrics.file=m.jsonl)"
     echo "$out"
     [ -s lm_model.pt ] || fail "no saved model lm_model.pt"
@@ -38,6 +49,13 @@ case "$kind" in
     a="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$clean")"
     b="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$crashed")"
     [ -n "$a" ] && [ "$a" = "$b" ] || fail "checksums differ: '$a' (uninterrupted) vs '$b' (resumed)"
+    # Resumed at its final step: no step runs, so there is no loss to print (not "loss 0.0000").
+    again="$(run "$binary" "${common[@]}" --set checkpoint.directory=clean)"; echo "$again"
+    grep -q "resumed from the checkpoint of step 40" <<<"$again" || fail "did not resume at step 40"
+    ! grep -q "loss 0.0000" <<<"$again" || fail "printed a loss no step computed"
+    c="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$again")"
+    [ "$a" = "$c" ] || fail "checksum after resuming at the final step: '$c', not '$a'"
+    check_bad_flag
     ;;
   pipeline)
     out="$(run "$binary" --config "$configs/train_pipeline.yaml" --set train.steps=20 \
@@ -45,6 +63,7 @@ case "$kind" in
     grep -q "schedule zbh1: 2 stages, 4 microbatches" <<<"$out" || fail "config did not choose the schedule"
     grep -q "measured bubble" <<<"$out" || fail "no measured bubble"
     [ -s pipeline_schedule.svg ] || fail "no schedule picture pipeline_schedule.svg"
+    check_bad_flag
     ;;
   *) fail "unknown kind" ;;
 esac

@@ -25,6 +25,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -33,36 +35,17 @@
 #include <string>
 #include <thread>
 
+#include "tests/fault/training_args.h"
+
 namespace {
 
 constexpr int64_t kBatch = 8;  // samples per step, split over the ranks
 
-struct Args {
-  std::string ckpt;
-  std::string out;
-  int64_t steps = 12;
-  int64_t every = 3;
-};
-
-Args parse(int argc, char** argv) {
-  Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument("missing value after " + arg);
-      return argv[++i];
-    };
-    if (arg == "--ckpt")
-      a.ckpt = next();
-    else if (arg == "--out")
-      a.out = next();
-    else if (arg == "--steps")
-      a.steps = std::stoll(next());
-    else if (arg == "--every")
-      a.every = std::stoll(next());
-    else
-      throw std::invalid_argument("unknown argument " + arg);
-  }
+tandem::testing::TrainingArgs parse(int argc, char** argv) {
+  tandem::testing::TrainingArgs a;
+  CLI::App app("elastic_worker: the training worker of the multi-node fault tests");
+  tandem::testing::add_training_args(app, a);
+  app.parse(argc, argv);
   return a;
 }
 
@@ -101,7 +84,7 @@ at::Tensor flat_grads(torch::nn::Module& model) {
 }
 
 int train(int argc, char** argv) {
-  const Args args = parse(argc, argv);
+  const auto args = parse(argc, argv);
   at::set_num_threads(1);  // the same kernels (and bits) whatever the machine
   auto dist = tandem::init();
   const int rank = dist.world->rank();

@@ -3,111 +3,22 @@
 // restarts the group, the workers resume from their last valid checkpoint, and the final
 // parameters are bitwise equal to an uninterrupted run. An unrecoverable job ends non-zero with a
 // summary naming the rank, the exit and the exception.
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <fstream>
 #include <random>
 #include <regex>
-#include <sstream>
 #include <string>
 
-#include "tests/launcher/tandemrun_process.h"
+#include "tests/fault/fault_fixture.h"
 #include "tools/tandemrun/error_file.h"
 
 namespace tandem::launcher_test {
 namespace {
-
-namespace fs = std::filesystem;
-
-constexpr int kSteps = 12;
-constexpr int kEvery = 3;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// A fresh directory per test, removed at the end.
-class FaultTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char dir[] = "/tmp/tandem_fault_XXXXXX";
-    ASSERT_NE(::mkdtemp(dir), nullptr);
-    dir_ = dir;
-  }
-  void TearDown() override {
-    std::error_code ignored;
-    fs::remove_all(dir_, ignored);
-  }
-
-  static std::vector<std::string> env_with(const std::vector<std::string>& extra) {
-    std::vector<std::string> env = clean_env();
-    env.push_back("TANDEM_TIMEOUT_S=30");
-    env.insert(env.end(), extra.begin(), extra.end());
-    return env;
-  }
-
-  // tandemrun --nproc-per-node 2 --standalone [launcher_args] fault_worker --ckpt --out [worker].
-  RunResult run(const std::string& name, const std::vector<std::string>& launcher_args,
-                const std::vector<std::string>& fault_env,
-                const std::vector<std::string>& worker_args = {}) {
-    std::vector<std::string> args{"--nproc-per-node", "2", "--standalone", "--grace-period-s", "3"};
-    args.insert(args.end(), launcher_args.begin(), launcher_args.end());
-    args.insert(args.end(), {worker_path(), "--ckpt", dir_ + "/" + name + ".ckpt", "--out",
-                             dir_ + "/" + name + ".params", "--steps", std::to_string(kSteps),
-                             "--every", std::to_string(kEvery)});
-    args.insert(args.end(), worker_args.begin(), worker_args.end());
-    return run_tandemrun(args, env_with(fault_env), 40s);
-  }
-
-  std::string params(const std::string& name) const {
-    return read_file(dir_ + "/" + name + ".params");
-  }
-
-  // The parameters of an uninterrupted run (computed once per build of the worker and cached in
-  // the build tree, shared by the tests across processes through a lock).
-  std::string reference() {
-    struct stat st {};
-    EXPECT_EQ(::stat(worker_path().c_str(), &st), 0);
-    const std::string cache =
-        std::string(FAULT_CACHE_DIR) + "/reference_" + std::to_string(st.st_mtim.tv_sec) + "_" +
-        std::to_string(st.st_mtim.tv_nsec) + "_" + std::to_string(st.st_size) + ".params";
-    const int lock = ::open((std::string(FAULT_CACHE_DIR) + "/reference.lock").c_str(),
-                            O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    EXPECT_GE(lock, 0);
-    ::flock(lock, LOCK_EX);
-    std::string bytes = read_file(cache);
-    if (bytes.empty()) {
-      const RunResult r = run("reference", {}, {});
-      EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
-      bytes = params("reference");
-      EXPECT_FALSE(bytes.empty());
-      std::ofstream(cache + ".tmp", std::ios::binary) << bytes;
-      // Older references (of earlier builds of the worker) go.
-      std::error_code ignored;
-      for (const auto& entry : fs::directory_iterator(FAULT_CACHE_DIR, ignored)) {
-        const std::string name = entry.path().filename().string();
-        if (name.rfind("reference_", 0) == 0 && entry.path().extension() == ".params")
-          fs::remove(entry.path(), ignored);
-      }
-      fs::rename(cache + ".tmp", cache);
-    }
-    ::close(lock);  // releases the lock
-    return bytes;
-  }
-
-  std::string dir_;
-};
 
 void expect_restarted_once_and_resumed(const RunResult& r) {
   EXPECT_NE(r.err.find("restarting all workers (restart 1 of at most 2)"), std::string::npos)
@@ -315,6 +226,69 @@ TEST_F(FaultTest, RunMainWritesTorchElasticErrorFileForAnException) {
   ASSERT_TRUE(parsed.has_value()) << text;
   EXPECT_EQ(parsed->message, "std::runtime_error: thrown before init");
   EXPECT_NEAR(static_cast<double>(parsed->timestamp), static_cast<double>(std::time(nullptr)), 60);
+}
+
+// Issue 20 item 5: rank 1 is stopped (SIGSTOP); rank 0 then waits for it in the next all-reduce
+// and stops beating too. The rank that went silent by itself is named, not the one waiting.
+TEST_F(FaultTest, HungRankIsNamedRatherThanThePeerWaitingForIt) {
+  const RunResult r =
+      run("named", {"--heartbeat-timeout", "2", "--monitor-interval", "0.1"},
+          {"FAULT_RANK=1", "FAULT_STEP=8", "FAULT_KIND=stop"}, {"--sync"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("tandemrun: worker failed: rank 1 (pid "), std::string::npos) << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(tandemrun: rank 1 [^\n]*sent no heartbeat)")))
+      << r.err;
+  EXPECT_TRUE(std::regex_search(r.err, std::regex(R"(root cause \(first failure\): rank 1 on host)")))
+      << r.err;
+}
+
+// Issue 20 item 6: with rank 0 missing, rank 1 gives up on the store after TANDEM_TIMEOUT_S, not
+// after twice that (waiting for the listener and the TCPStore client each took the whole timeout).
+// Timed inside the worker (around tandem::init), so the program's start-up does not count.
+TEST_F(FaultTest, StoreConnectTimeoutHonoursTheSetting) {
+  std::vector<std::string> env = env_with({});
+  for (auto& e : env) {
+    if (e.rfind("TANDEM_TIMEOUT_S=", 0) == 0) e = "TANDEM_TIMEOUT_S=3";
+  }
+  // Port 1 on loopback: privileged, and no store listens there.
+  env.insert(env.end(), {"RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "LOCAL_WORLD_SIZE=2",
+                         "MASTER_ADDR=127.0.0.1", "MASTER_PORT=1"});
+  const RunResult r =
+      TandemrunProcess({worker_path(), "--time-init"}, env, /*through_tandemrun=*/false)
+          .finish(30s);
+  ASSERT_FALSE(r.timed_out) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(init failed after ([0-9.]+) s)")))
+      << r.out << r.err;
+  const double seconds = std::stod(m[1]);
+  EXPECT_GE(seconds, 2.9) << r.out;
+  EXPECT_LT(seconds, 4.5) << "TANDEM_TIMEOUT_S=3 must bound the whole connect\n" << r.out;
+  EXPECT_NE(r.out.find("within 3000 ms"), std::string::npos) << r.out;
+}
+
+// Issue 20 item 14: a restart is taken over from standby workers by default (--max-restarts > 0,
+// a program that calls tandem::run_main); --no-standby turns it off.
+TEST_F(FaultTest, RestartUsesStandbyWorkersByDefault) {
+  const std::string want = reference();
+  const RunResult r =
+      run("default", {"--max-restarts", "2"}, {"FAULT_RANK=1", "FAULT_STEP=7", "FAULT_KIND=kill"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  expect_restarted_once_and_resumed(r);
+  EXPECT_NE(r.err.find("restart 1: 2 of 2 workers taken over from standby processes"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(params("default"), want) << "resumed run differs from the uninterrupted one";
+}
+
+TEST_F(FaultTest, NoStandbyStartsTheRestartedWorkersAfresh) {
+  const RunResult r = run("fresh", {"--max-restarts", "2", "--no-standby"},
+                          {"FAULT_RANK=1", "FAULT_STEP=7", "FAULT_KIND=kill"});
+  ASSERT_FALSE(r.timed_out) << r.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  expect_restarted_once_and_resumed(r);
+  EXPECT_EQ(r.err.find("standby"), std::string::npos) << r.err;
 }
 
 }  // namespace

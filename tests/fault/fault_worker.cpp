@@ -9,6 +9,9 @@
 //     rank 0 writes the final parameters' raw bytes to FILE.
 //   fault_worker --throw-now
 //     throws std::runtime_error("thrown before init") at once (tests run_main's error file).
+//   fault_worker --time-init
+//     runs tandem::init() only; when it throws, prints "init failed after <s> s: <what>" and
+//     exits 1 (times the store-connect timeout without the program's start-up).
 //
 // Fault injection (environment): FAULT_RANK=r FAULT_STEP=s FAULT_KIND=k makes rank r, at the start
 // of step s, on restart 0 only (TORCHELASTIC_RESTART_COUNT=0):
@@ -27,46 +30,33 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <string>
 
+#include "tests/fault/training_args.h"
+
 namespace {
 
-struct Args {
-  std::string ckpt;
-  std::string out;
-  int64_t steps = 12;
-  int64_t every = 3;
+struct Args : tandem::testing::TrainingArgs {
   bool sync = false;
   bool throw_now = false;
+  bool time_init = false;
 };
 
 Args parse(int argc, char** argv) {
   Args a;
-  for (int i = 1; i < argc; ++i) {
-    const std::string arg = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::invalid_argument("missing value after " + arg);
-      return argv[++i];
-    };
-    if (arg == "--ckpt")
-      a.ckpt = next();
-    else if (arg == "--out")
-      a.out = next();
-    else if (arg == "--steps")
-      a.steps = std::stoll(next());
-    else if (arg == "--every")
-      a.every = std::stoll(next());
-    else if (arg == "--sync")
-      a.sync = true;
-    else if (arg == "--throw-now")
-      a.throw_now = true;
-    else
-      throw std::invalid_argument("unknown argument " + arg);
-  }
+  CLI::App app("fault_worker: the training worker of tests/fault");
+  tandem::testing::add_training_args(app, a);
+  app.add_flag("--sync", a.sync, "save checkpoints synchronously");
+  app.add_flag("--throw-now", a.throw_now, "throw at once, before tandem::init()");
+  app.add_flag("--time-init", a.time_init, "time tandem::init() and report how it failed");
+  app.parse(argc, argv);
   return a;
 }
 
@@ -100,6 +90,17 @@ std::pair<at::Tensor, at::Tensor> batch(int rank, int64_t step) {
 int train(int argc, char** argv) {
   const Args args = parse(argc, argv);
   if (args.throw_now) throw std::runtime_error("thrown before init");
+  if (args.time_init) {
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      tandem::init();
+    } catch (const std::exception& e) {
+      const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+      std::printf("init failed after %.3f s: %s\n", took.count(), e.what());
+      return 1;
+    }
+    return 0;
+  }
   auto dist = tandem::init();
   const int rank = dist.world->rank();
 

@@ -81,9 +81,11 @@ class MultiNodeFaultTest : public ::testing::Test {
   // The last call (how long a round with MIN nodes waits for more) must cover the second agent's
   // start on a loaded machine; a round with MAX nodes closes at once anyway.
   std::vector<std::string> agent(const std::string& name, const std::string& nnodes,
-                                 const std::vector<std::string>& extra = {}) const {
+                                 const std::vector<std::string>& extra = {},
+                                 const std::string& last_call_s = "4") const {
     std::vector<std::string> args{"--nnodes", nnodes, "--nproc-per-node", "1", "--rdzv-endpoint",
-                                  "127.0.0.1:" + std::to_string(port_), "--rdzv-last-call-s", "4",
+                                  "127.0.0.1:" + std::to_string(port_), "--rdzv-last-call-s",
+                                  last_call_s,
                                   "--rdzv-node-timeout-s", "2", "--rdzv-join-timeout-s", "20",
                                   "--grace-period-s", "2", "--max-restarts", "2"};
     args.insert(args.end(), extra.begin(), extra.end());
@@ -142,9 +144,11 @@ class MultiNodeFaultTest : public ::testing::Test {
 TEST_F(MultiNodeFaultTest, LostNodeSurvivorContinuesAloneBitIdentical) {
   const std::string want = reference();
   const auto env = env_with({"STEP_SLEEP_MS=150"});
-  TandemrunProcess a(agent("lost", "1:2"), env);
+  // Round 0 closes as soon as both joined; the long last call only keeps it open for node B on a
+  // busy machine (B starting and loading the store module took over 4 s at load 13).
+  TandemrunProcess a(agent("lost", "1:2", {}, "12"), env);
   ASSERT_TRUE(wait_err(a, "hosting the rendezvous")) << a.err();
-  TandemrunProcess b(agent("lost", "1:2"), env);
+  TandemrunProcess b(agent("lost", "1:2", {}, "12"), env);
   ASSERT_TRUE(wait_out(b, "[rank 1]: step 4 done")) << b.out() << b.err() << a.err();
   const pid_t b_worker = worker_pid(b.out(), 1);
   ASSERT_GT(b_worker, 0) << b.out();

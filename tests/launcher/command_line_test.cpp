@@ -98,7 +98,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "--monitor-interval must be between 0.001 and 60 seconds (got 0)"},
         BadCase{"NegativeHeartbeatTimeout",
                 {"--nproc-per-node", "1", "--heartbeat-timeout", "-2", "WORKER", "env"},
-                "--heartbeat-timeout must be between 0 (off) and 86400 seconds (got -2)"}),
+                "--heartbeat-timeout must be between 0 (off) and 86400 seconds (got -2)"},
+        // Issue 20 item 9: a standby takes over a restarted worker; without restarts it only
+        // costs memory, so asking for one is a mistake worth naming.
+        BadCase{"StandbyWithoutRestarts",
+                {"--nproc-per-node", "2", "--standby", "WORKER", "env"},
+                "--standby needs --max-restarts > 0"}),
     [](const ::testing::TestParamInfo<BadCase>& info) { return std::string(info.param.name); });
 
 TEST(CommandLineTest, ProgramWithoutExecutePermissionIsRejected) {
@@ -123,6 +128,15 @@ TEST(CommandLineTest, HelpDocumentsEveryOption) {
         "--version", "PROGRAM [ARGS...]", "Exit status"}) {
     EXPECT_NE(r.out.find(option), std::string::npos) << option << " missing from:\n" << r.out;
   }
+}
+
+// Issue 20 item 14: a single-node tandemrun starts without libtorch (it loaded it for the
+// multi-node store before, ~0.4 s per start); the worker reads its launcher's memory map.
+TEST(CommandLineTest, SingleNodeTandemrunDoesNotLoadLibtorch) {
+  const RunResult r = run_tandemrun(
+      {"--nproc-per-node", "1", "sh", "-c", "echo maps $(grep -c libtorch /proc/$PPID/maps)"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("[rank 0]: maps 0\n"), std::string::npos) << r.out;
 }
 
 TEST(CommandLineTest, VersionPrintsAndExitsZero) {

@@ -1,28 +1,30 @@
-// A tiny worker program for the tandemrun tests. Behaviour is chosen by the first argument and
-// may depend on the RANK tandemrun gives it. Writes with write(2), unbuffered, so output reaches
-// the launcher in the order the test expects. Every mode ends on its own within 60 s, so a bug
-// in the launcher cannot leave processes behind for long.
+// A tiny worker program for the tandemrun tests. Behaviour is chosen by the first argument (a
+// CLI11 subcommand) and may depend on the RANK tandemrun gives it. Writes with write(2),
+// unbuffered, so output reaches the launcher in the order the test expects. Every mode ends on
+// its own within 60 s, so a bug in the launcher cannot leave processes behind for long.
 //
-//   env                       print the torchrun variables as KEY=VALUE (KEY=<unset> if missing)
-//   args ARGS...              print each argument as arg[i]=...
-//   print                     lines on stdout and stderr, an empty line, a long line, partial last
-//   lines flood COUNT               COUNT numbered lines on stdout and on stderr sleep print "ready
-//   pid=P", sleep 60 s ignore-term               ignore SIGTERM, print "ready pid=P", sleep 60 s
-//   handle-term               on SIGTERM/SIGINT print "rank R got signal S" and exit 0
-//   fail-rank R CODE MS       rank R prints "dying words" (no newline), exits CODE after MS ms;
-//   others sleep
-//   fail-once R CODE          prints the environment (like env); on restart 0 rank R exits CODE
-//                             after 200 ms and the others sleep; on later restarts all exit 0
-//   error-file R CODE TEXT    rank R writes TORCHELASTIC_ERROR_FILE (TorchElastic JSON, message
-//                             "ValueError: TEXT at restart N") and exits CODE, on every restart;
-//                             the others sleep
-//   heartbeat R               beats (touches TANDEM_HEARTBEAT_FILE) every 50 ms for 1.5 s, exits
-//                             0; on restart 0 rank R stops itself (SIGSTOP) after 300 ms
-//   no-heartbeat MS           never beats, sleeps MS ms, exits 0
-// With TEST_IGNORE_TERM=1 set, any mode ignores SIGTERM.
-//   cascade P S               rank S writes a "tandem::CommError: ..." error file and exits 1 after
-//                             100 ms; rank P writes "ValueError: the real cause" and exits 2
-//                             after 600 ms (it failed first but takes longer to die); others sleep
+//   env                     print the torchrun variables as KEY=VALUE (KEY=<unset> if missing)
+//   args ARGS...            print each argument as arg[i]=... (all of them, verbatim)
+//   print                   lines on stdout and stderr, an empty line, a long line, partial last
+//                           lines
+//   flood COUNT             COUNT numbered lines on stdout and on stderr
+//   sleep                   print "ready pid=P", sleep 60 s
+//   ignore-term             ignore SIGTERM, print "ready pid=P", sleep 60 s
+//   handle-term             on SIGTERM/SIGINT print "rank R got signal S" and exit 0
+//   fail-rank R CODE MS     rank R prints "dying words" (no newline), exits CODE after MS ms;
+//                           others sleep
+//   fail-once R CODE        prints the environment (like env); on restart 0 rank R exits CODE
+//                           after 200 ms and the others sleep; on later restarts all exit 0
+//   error-file R CODE TEXT  rank R writes TORCHELASTIC_ERROR_FILE (TorchElastic JSON, message
+//                           "ValueError: TEXT at restart N") and exits CODE, on every restart;
+//                           the others sleep
+//   heartbeat R             beats (touches TANDEM_HEARTBEAT_FILE) every 50 ms for 1.5 s, exits
+//                           0; on restart 0 rank R stops itself (SIGSTOP) after 300 ms
+//   no-heartbeat MS         never beats, sleeps MS ms, exits 0
+//   cascade P S             rank S writes a "tandem::CommError: ..." error file and exits 1 after
+//                           100 ms; rank P writes "ValueError: the real cause" and exits 3
+//                           after 600 ms (it failed first but takes longer to die); others sleep
+// With TEST_IGNORE_TERM=1 set, any mode ignores SIGTERM. An unknown mode exits 64.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -33,6 +35,9 @@
 #include <cstring>
 #include <ctime>
 #include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
 
 namespace {
 
@@ -62,6 +67,13 @@ void sleep_ms(long ms) {
 }
 
 void ready() { put(1, "ready pid=" + std::to_string(::getpid()) + "\n"); }
+
+// Prints "ready pid=P", sleeps 60 s (a peer that waits to be stopped), returns `code`.
+int sleep_then(int code) {
+  ready();
+  sleep_ms(60'000);
+  return code;
+}
 
 extern "C" void on_signal(int signo) { g_signal = signo; }
 
@@ -139,9 +151,7 @@ int fail_once(int failing_rank, int code) {
       sleep_ms(200);
       return code;
     }
-    ready();
-    sleep_ms(60'000);
-    return 0;
+    return sleep_then(0);
   }
   put(1, "restart " + std::to_string(restart_count()) + " done\n");
   return 0;
@@ -168,19 +178,13 @@ int cascade(int primary, int secondary) {
   if (rank() == primary) {
     sleep_ms(600);
     write_error("ValueError: the real cause");
-    return 2;
+    return 3;
   }
-  ready();
-  sleep_ms(60'000);
-  return 0;
+  return sleep_then(0);
 }
 
 int error_file(int failing_rank, int code, const std::string& text) {
-  if (rank() != failing_rank) {
-    ready();
-    sleep_ms(60'000);
-    return 0;
-  }
+  if (rank() != failing_rank) return sleep_then(0);
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr) return 99;
   // The exact shape torch.distributed.elastic's @record writes (json.dump of a dict).
@@ -223,51 +227,74 @@ int heartbeat(int hanging_rank) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "";
   // Any mode: TEST_IGNORE_TERM=1 ignores SIGTERM (so stopping the group takes the grace period).
   if (std::getenv("TEST_IGNORE_TERM") != nullptr) ::signal(SIGTERM, SIG_IGN);
-  if (mode == "env") return print_env();
-  if (mode == "args") {
+  CLI::App app("launcher_test_worker: a tiny worker program for the tandemrun tests");
+  app.require_subcommand(1);
+  int count = 0, failing = 0, code = 0, other = 0;
+  long ms = 0;
+  std::string text;
+  auto* env = app.add_subcommand("env", "print the torchrun variables");
+  auto* args = app.add_subcommand("args", "print each argument (all of them, verbatim)");
+  args->prefix_command();
+  auto* print = app.add_subcommand("print", "lines, an empty line, a long line, a partial last");
+  auto* flood = app.add_subcommand("flood", "COUNT numbered lines on stdout and stderr");
+  flood->add_option("count", count)->required();
+  auto* sleep = app.add_subcommand("sleep", "print ready, sleep 60 s");
+  auto* ignore_term = app.add_subcommand("ignore-term", "ignore SIGTERM, print ready, sleep");
+  auto* handle_term = app.add_subcommand("handle-term", "report SIGTERM/SIGINT and exit 0");
+  auto* fail_rank = app.add_subcommand("fail-rank", "rank R exits CODE after MS ms");
+  fail_rank->add_option("rank", failing)->required();
+  fail_rank->add_option("code", code)->required();
+  fail_rank->add_option("ms", ms)->required();
+  auto* fail_once_cmd = app.add_subcommand("fail-once", "on restart 0 rank R exits CODE");
+  fail_once_cmd->add_option("rank", failing)->required();
+  fail_once_cmd->add_option("code", code)->required();
+  auto* error_file_cmd = app.add_subcommand("error-file", "rank R writes an error file, exits");
+  error_file_cmd->add_option("rank", failing)->required();
+  error_file_cmd->add_option("code", code)->required();
+  error_file_cmd->add_option("text", text)->required();
+  auto* cascade_cmd = app.add_subcommand("cascade", "a consequence exits before its cause");
+  cascade_cmd->add_option("primary", failing)->required();
+  cascade_cmd->add_option("secondary", other)->required();
+  auto* heartbeat_cmd = app.add_subcommand("heartbeat", "beats; rank R stops itself");
+  heartbeat_cmd->add_option("rank", failing)->required();
+  auto* no_heartbeat = app.add_subcommand("no-heartbeat", "never beats, sleeps MS ms");
+  no_heartbeat->add_option("ms", ms)->required();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 64;
+  }
+  if (*env) return print_env();
+  if (*args) {
     std::string out;
-    for (int i = 2; i < argc; ++i) out += "arg[" + std::to_string(i - 2) + "]=" + argv[i] + "\n";
+    const std::vector<std::string> rest = args->remaining();
+    for (std::size_t i = 0; i < rest.size(); ++i)
+      out += "arg[" + std::to_string(i) + "]=" + rest[i] + "\n";
     put(1, out);
     return 0;
   }
-  if (mode == "print") return print_lines();
-  if (mode == "flood" && argc > 2) return flood(std::atoi(argv[2]));
-  if (mode == "sleep") {
-    ready();
-    sleep_ms(60'000);
-    return 0;
-  }
-  if (mode == "ignore-term") {
+  if (*print) return print_lines();
+  if (*flood) return ::flood(count);
+  if (*sleep) return sleep_then(0);
+  if (*ignore_term) {
     ::signal(SIGTERM, SIG_IGN);
-    ready();
-    sleep_ms(60'000);
-    return 0;
+    return sleep_then(0);
   }
-  if (mode == "handle-term") return handle_term();
-  if (mode == "fail-rank" && argc > 4) {
-    if (rank() == std::atoi(argv[2])) {
-      sleep_ms(std::atol(argv[4]));
-      put(2, "dying words");
-      return std::atoi(argv[3]);
-    }
-    ready();
-    sleep_ms(60'000);
-    return 0;
+  if (*handle_term) return ::handle_term();
+  if (*fail_rank) {
+    if (rank() != failing) return sleep_then(0);
+    sleep_ms(ms);
+    put(2, "dying words");
+    return code;
   }
-  if (mode == "fail-once" && argc > 3) return fail_once(std::atoi(argv[2]), std::atoi(argv[3]));
-  if (mode == "error-file" && argc > 4)
-    return error_file(std::atoi(argv[2]), std::atoi(argv[3]), argv[4]);
-  if (mode == "cascade" && argc > 3) return cascade(std::atoi(argv[2]), std::atoi(argv[3]));
-  if (mode == "heartbeat" && argc > 2) return heartbeat(std::atoi(argv[2]));
-  if (mode == "no-heartbeat" && argc > 2) {
-    ready();
-    sleep_ms(std::atol(argv[2]));
-    put(1, "done\n");
-    return 0;
-  }
-  put(2, "launcher_test_worker: unknown mode '" + mode + "'\n");
-  return 64;
+  if (*fail_once_cmd) return fail_once(failing, code);
+  if (*error_file_cmd) return error_file(failing, code, text);
+  if (*cascade_cmd) return cascade(failing, other);
+  if (*heartbeat_cmd) return heartbeat(failing);
+  ready();
+  sleep_ms(ms);  // no-heartbeat
+  put(1, "done\n");
+  return 0;
 }

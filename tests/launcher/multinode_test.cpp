@@ -151,8 +151,8 @@ TEST(MultiNodeTest, NodeStillWaitingWhenTheJobFinishesExitsZero) {
   auto args = [&] {
     return std::vector<std::string>{"--nnodes", "1:2", "--nproc-per-node", "1",
                                     "--rdzv-endpoint", endpoint, "--rdzv-last-call-s", "0.2",
-                                    worker_path(), "no-heartbeat", "1500"};
-  };
+                                    worker_path(), "no-heartbeat", "5000"};
+  };  // A's worker runs long enough for B to start and load the store module on a busy machine
   TandemrunProcess a(args(), env_with_token("late-node-token"));
   ASSERT_TRUE(wait_err(a, "round 0: node rank 0 of 1 nodes")) << a.err();
   TandemrunProcess b(args(), env_with_token("late-node-token"));
@@ -165,6 +165,30 @@ TEST(MultiNodeTest, NodeStillWaitingWhenTheJobFinishesExitsZero) {
             std::string::npos)
       << rb.err;
   EXPECT_EQ(rb.out, "") << "the late node ran no worker";
+}
+
+// Issue 20 item 1 across nodes: a worker on node 1 exits 2 (a configuration error); the agent
+// reports it with its reason and both agents stop at once and exit 2, restarts left or not.
+TEST(MultiNodeTest, AFailureNoRestartCanFixStopsEveryNode) {
+  const std::string port = std::to_string(free_port());
+  auto args = [&](const std::string& node_rank) {
+    return std::vector<std::string>{"--nnodes", "2", "--node_rank", node_rank,
+                                    "--nproc-per-node", "1", "--master-addr", "127.0.0.1",
+                                    "--master-port", port, "--max-restarts", "3", worker_path(),
+                                    "fail-rank", "1", "2", "200"};
+  };
+  TandemrunProcess a(args("0"), env_with_token("token-final-1"));
+  TandemrunProcess b(args("1"), env_with_token("token-final-1"));
+  const RunResult ra = a.finish(30s);
+  const RunResult rb = b.finish(30s);
+  for (const RunResult* r : {&ra, &rb}) {
+    EXPECT_EQ(r->exit_code, 2) << r->err;
+    EXPECT_NE(r->err.find("round 0 failed: rank 1 on node 1"), std::string::npos) << r->err;
+    EXPECT_NE(r->err.find("(a configuration error); a restart cannot fix it; not restarting"),
+              std::string::npos)
+        << r->err;
+    EXPECT_EQ(r->err.find("restarting the workers of every node"), std::string::npos) << r->err;
+  }
 }
 
 TEST(MultiNodeTest, HelpDocumentsTheRendezvousOptions) {

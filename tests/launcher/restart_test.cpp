@@ -137,7 +137,7 @@ TEST(RestartTest, ACommunicationErrorIsNotTakenForTheRootCause) {
       << r.err;
   EXPECT_NE(r.err.find("tandemrun: worker failed: rank 0 (pid "), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("root cause (first failure): rank 0 on host"), std::string::npos) << r.err;
-  EXPECT_NE(r.err.find("exited with code 2\ntandemrun:   error: ValueError: the real cause\n"),
+  EXPECT_NE(r.err.find("exited with code 3\ntandemrun:   error: ValueError: the real cause\n"),
             std::string::npos)
       << r.err;
   // Rank 1 was not failing: it was stopped after the settle, with SIGTERM.
@@ -189,7 +189,7 @@ TEST(RestartTest, WorkerThatNeverBeatsIsNotTimedOut) {
 
 TEST(RestartTest, SigtermDuringARestartedRunStillStopsEverything) {
   TandemrunProcess run(
-      {"--nproc-per-node", "2", "--max-restarts", "3", worker_path(), "error-file", "1", "2", "x"});
+      {"--nproc-per-node", "2", "--max-restarts", "3", worker_path(), "error-file", "1", "3", "x"});
   // Wait until the group has been restarted at least once, then stop tandemrun.
   ASSERT_TRUE(run.read_until(
       [&] { return run.err().find("restarting all workers (restart 1") != std::string::npos; },

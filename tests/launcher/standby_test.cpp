@@ -3,10 +3,14 @@
 // run ends as without --standby. The standby path of a tandem program (taken over, bit-identical
 // resume) is tests/fault/fault_test.cpp's SigkilledWorkerWithStandby... test.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "tests/launcher/tandemrun_process.h"
+#include "tools/tandemrun/standby_pool.h"
 
 namespace tandem::launcher_test {
 namespace {
@@ -33,14 +37,47 @@ TEST(StandbyTest, ProgramWithoutRunMainFallsBackToNormalStartsAndStillRestarts) 
   EXPECT_EQ(count_occurrences(r.out, "attempt 1 rank 1"), 1u) << r.out;
 }
 
-TEST(StandbyTest, WithoutRestartsLeftNoStandbyIsStarted) {
-  // --max-restarts 0: no next attempt, so nothing is started ahead (no message, plain run).
+// The default (--max-restarts > 0, no --standby): standby processes only for a program that calls
+// tandem::run_main (tandemrun reads the program's symbols), so a program that does not wait there
+// is never started ahead without its environment. sh does not: nothing changes for it.
+TEST(StandbyTest, DefaultKeepsNoStandbyForAProgramWithoutRunMain) {
   const RunResult r = run_tandemrun(
-      {"--nproc-per-node", "2", "--standalone", "--standby", "sh", "-c", "echo it ran"});
+      {"--nproc-per-node", "2", "--standalone", "--max-restarts", "1", "sh", "-c", kScript});
   ASSERT_FALSE(r.timed_out) << r.err;
-  EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(count_occurrences(r.out, "it ran"), 2u) << r.out;
+  EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.err.find("rank 1 exited with code 3; restarting all workers"), std::string::npos)
+      << r.err;
   EXPECT_EQ(r.err.find("standby"), std::string::npos) << r.err;
+  EXPECT_EQ(count_occurrences(r.out, "attempt 1 rank 0"), 1u) << r.out;
+}
+
+// The default's two checks. The ELF reader meets files it did not expect (a script, nothing,
+// every truncation of a real program) without crashing and says no; the memory check refuses
+// what no machine has and names the figures.
+TEST(StandbyTest, RunMainCheckReadsOnlyWhatIsThere) {
+  EXPECT_FALSE(launcher::program_calls_run_main(worker_path()));  // torch-free, no run_main
+  EXPECT_FALSE(launcher::program_calls_run_main("/bin/sh"));
+  EXPECT_FALSE(launcher::program_calls_run_main("/nonexistent/program"));
+  std::ifstream in(worker_path(), std::ios::binary);
+  const std::string elf((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_GT(elf.size(), 1000u);
+  char path[] = "/tmp/tandem_elf_XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  for (std::size_t size : {std::size_t{0}, std::size_t{4}, std::size_t{63}, std::size_t{64},
+                           elf.size() / 3, elf.size() / 2, elf.size() - 1}) {
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << elf.substr(0, size);
+    EXPECT_FALSE(launcher::program_calls_run_main(path)) << size << " bytes";
+  }
+  ::unlink(path);
+}
+
+TEST(StandbyTest, MemoryCheckRefusesWhatNoMachineHas) {
+  EXPECT_EQ(launcher::standby_memory_shortage(0), std::nullopt);
+  const auto shortage = launcher::standby_memory_shortage(100'000'000);  // 24 PiB of standbys
+  ASSERT_TRUE(shortage.has_value());
+  EXPECT_NE(shortage->find("MiB are available"), std::string::npos) << *shortage;
 }
 
 }  // namespace

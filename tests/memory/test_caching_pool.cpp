@@ -214,7 +214,8 @@ TEST(CachingPool, OutOfMemoryReleasesCacheRetriesThenExplains) {
   } catch (const tandem::OutOfMemoryError& e) {
     const std::string m = e.what();
     for (const char* part : {"requested 16.0 MiB", "allocated 16.0 MiB", "reserved 16.0 MiB", "limit 24.0 MiB",
-                             "largest free block", "fragmentation", "What to try", "retried"})
+                             "largest free block", "fragmentation", "What to try", "retried",
+                             "--set sharding.stage=3", "docs/sharded_data_parallel.md"})
       EXPECT_NE(m.find(part), std::string::npos) << part << " missing in: " << m;
   }
   EXPECT_EQ(pool.stats().ooms, 1);

@@ -8,6 +8,8 @@
 
 #include <ATen/ATen.h>
 
+#include <CLI/CLI.hpp>
+
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -73,13 +75,17 @@ int peer_fails(tandem::Communicator& comm, int signal) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "verify";
+  CLI::App app("comm_worker: a multi-process test worker (collectives, peer failures)");
+  app.require_subcommand(0, 1);  // none: verify
+  auto* dies = app.add_subcommand("peer-dies", "rank 1 is SIGKILLed mid-collective");
+  auto* hangs = app.add_subcommand("peer-hangs", "rank 1 is SIGSTOPped mid-collective");
+  auto* init_only = app.add_subcommand("init-only", "connect and exit 0");
+  app.add_subcommand("verify", "check every collective's result (the default)");
+  CLI11_PARSE(app, argc, argv);
   return tandem::testing::run_worker([&](tandem::Distributed& dist) {
-    if (mode == "verify") return verify(*dist.world);
-    if (mode == "peer-dies") return peer_fails(*dist.world, SIGKILL);
-    if (mode == "peer-hangs") return peer_fails(*dist.world, SIGSTOP);
-    if (mode == "init-only") return 0;
-    std::printf("unknown mode %s\n", mode.c_str());
-    return 1;
+    if (*dies) return peer_fails(*dist.world, SIGKILL);
+    if (*hangs) return peer_fails(*dist.world, SIGSTOP);
+    if (*init_only) return 0;
+    return verify(*dist.world);
   });
 }

@@ -16,6 +16,8 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
@@ -126,13 +128,19 @@ int mismatch(tandem::Communicator& comm) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const std::string mode = argc > 1 ? argv[1] : "train";
+  CLI::App app("dp_worker: a DistributedDataParallel test worker");
+  app.require_subcommand(0, 1);  // none: train 20 steps
+  int steps = 20;
+  auto* train_cmd = app.add_subcommand("train", "train and compare with a local model");
+  train_cmd->add_option("steps", steps, "training steps")->capture_default_str();
+  auto* grads = app.add_subcommand("check-grads", "gradients equal the full-batch ones");
+  auto* mismatch_cmd = app.add_subcommand("mismatch", "ranks with different models are refused");
+  CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
   return tandem::testing::run_worker([&](tandem::Distributed& dist) {
-    if (mode == "train") return train(*dist.world, argc > 2 ? std::stoi(argv[2]) : 20);
-    if (mode == "check-grads") return check_grads(*dist.world);
-    if (mode == "mismatch") return mismatch(*dist.world);
-    std::printf("unknown mode %s\n", mode.c_str());
-    return 1;
+    if (*grads) return check_grads(*dist.world);
+    if (*mismatch_cmd) return mismatch(*dist.world);
+    (void)train_cmd;
+    return train(*dist.world, steps);
   });
 }

@@ -358,6 +358,11 @@ TEST(PipelineStats, MeasuredCostsBubbleTimelineAndRebalance) {
     const auto timeline = pipe.gather_timeline();
     EXPECT_EQ(timeline.size(),
               pipe.schedule().actions[0].size() + pipe.schedule().actions[1].size());
+    // Every SEND of the step is found and paired with its RECV on the shared clock.
+    const auto transfers = pipeline::measured_comm_costs({timeline});
+    EXPECT_GT(transfers.send_overhead, 0);
+    EXPECT_GE(transfers.send_latency, 0);
+    EXPECT_GE(transfers.recv_overhead, 0);
     const std::string svg = pipeline::to_svg(pipe.schedule(), timeline, "measured");
     EXPECT_NE(svg.find("<title>W1:3"), std::string::npos);
     for (auto bytes : pipe.peak_activation_bytes()) EXPECT_GT(bytes, 0);

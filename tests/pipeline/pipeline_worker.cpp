@@ -10,6 +10,8 @@
 #include <tandem/runtime/pipeline_parallel.h>
 #include <torch/torch.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -69,18 +71,18 @@ int mismatch(tandem::Distributed& dist) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  CLI::App app("pipeline_worker: a pipeline-parallel test worker");
+  app.require_subcommand(1);
+  std::string schedule;
+  int m = 0, v = 1;
+  auto* grads = app.add_subcommand("check-grads", "gradients equal the unpipelined model's");
+  grads->add_option("schedule", schedule, "1f1b, gpipe, interleaved, ...")->required();
+  grads->add_option("microbatches", m)->required();
+  grads->add_option("v", v, "model chunks per rank")->capture_default_str();
+  app.add_subcommand("mismatch", "ranks that disagree on the microbatches are refused");
+  CLI11_PARSE(app, argc, argv);
   at::set_num_threads(1);
-  if (argc == 2 && std::string(argv[1]) == "mismatch") {
-    return tandem::testing::run_worker([](tandem::Distributed& dist) { return mismatch(dist); });
-  }
-  if (argc < 4 || std::string(argv[1]) != "check-grads") {
-    std::fprintf(stderr,
-                 "usage: pipeline_worker check-grads <schedule> <microbatches> [v] | mismatch\n");
-    return 2;
-  }
-  const std::string schedule = argv[2];
-  const int m = std::atoi(argv[3]);
-  const int v = argc > 4 ? std::atoi(argv[4]) : 1;
-  return tandem::testing::run_worker(
-      [&](tandem::Distributed& dist) { return check_grads(dist, schedule, m, v); });
+  return tandem::testing::run_worker([&](tandem::Distributed& dist) {
+    return *grads ? check_grads(dist, schedule, m, v) : mismatch(dist);
+  });
 }

@@ -149,8 +149,109 @@ TEST(ScheduleSimulate, LatencyAndMeasuredCostsShowUp) {
   EXPECT_THROW(simulate(gpipe(3, 2), Costs::uniform(2, 1, 1, 1)), ConfigError);
   // The latency comes back out of a simulated timeline.
   const auto lat = simulate(one_f_one_b(3, 6), Costs::uniform(3, 1, 1, 1, 0.25));
-  EXPECT_NEAR(measured_send_latency(lat.timeline), 0.25, 1e-12);
-  EXPECT_EQ(measured_send_latency({}), 0.0);
+  EXPECT_NEAR(measured_comm_costs({lat.timeline}).send_latency, 0.25, 1e-12);
+  const CommCosts none = measured_comm_costs({});
+  EXPECT_EQ(none.send_latency, 0.0);
+  EXPECT_EQ(none.send_overhead, 0.0);
+  EXPECT_EQ(none.recv_overhead, 0.0);
+}
+
+TEST(ScheduleSimulate, EachRanksOwnFinishGivesTheBubbleTheRuntimeMeasures) {
+  // Unit costs, no communication cost: the last backwards cascade from rank p-1 to rank 0, 2
+  // units apart, so rank r finishes 2r before the makespan.
+  for (int p = 2; p <= 4; ++p) {
+    for (int m = p; m <= 8; ++m) {
+      for (const Schedule& s : {gpipe(p, m), one_f_one_b(p, m)}) {
+        const auto r = simulate(s, Costs::uniform(p, 1, 1, 1));
+        double mean = 0;
+        for (int i = 0; i < p; ++i) {
+          EXPECT_NEAR(r.finish[i], 3.0 * (m + p - 1) - 2.0 * i, 1e-12) << s.name << " rank " << i;
+          EXPECT_NEAR(r.own_bubble[i], 1 - 3.0 * m / r.finish[i], 1e-12);
+          mean += r.own_bubble[i] / p;
+        }
+        EXPECT_NEAR(r.mean_own_bubble, mean, 1e-12);
+        EXPECT_NEAR(r.own_bubble[0], r.bubble[0], 1e-12);  // rank 0 ends last
+      }
+    }
+  }
+}
+
+TEST(ScheduleSimulate, SendAndReceiveOverheadsHoldTheirRank) {
+  // gpipe(2, 1): F0:0, SEND_F0:0, RECV_B1:0, B0:0 on rank 0; RECV_F0:0, F1:0, B1:0, SEND_B1:0 on
+  // rank 1. F = 1, B = 2, latency 0.5 from each send's start, each send holds its rank 0.25.
+  Costs c = Costs::uniform(2, 1, 1, 1, 0.5);
+  c.comm.send_overhead = 0.25;
+  c.comm.recv_overhead = 0.1;  // shorter than the waits: no effect here
+  auto r = simulate(gpipe(2, 1), c);
+  // Rank 1 receives at 1 + 0.5, computes until 4.5, sends until 4.75; the gradient arrives at 5.
+  EXPECT_NEAR(r.finish[1], 4.75, 1e-12);
+  EXPECT_NEAR(r.finish[0], 5 + 2, 1e-12);
+  EXPECT_NEAR(r.makespan, 7, 1e-12);
+  EXPECT_NEAR(r.timeline[1].end - r.timeline[1].start, 0.25, 1e-12);  // SEND_F0:0 on rank 0
+  EXPECT_NEAR(r.own_bubble[1], 1 - 3 / 4.75, 1e-12);
+  // A receive whose tensor is there already still takes recv_overhead.
+  c = Costs::uniform(2, 1, 1, 1);
+  c.comm.recv_overhead = 1.5;
+  r = simulate(gpipe(2, 1), c);
+  EXPECT_NEAR(r.finish[1], 1.5 + 1 + 2, 1e-12);  // RECV_F took 1.5, not 1
+  EXPECT_NEAR(r.finish[0], 4.5 + 2, 1e-12);  // RECV_B waits from 1 to the gradient at 4.5
+  c.comm.recv_overhead = -1;
+  EXPECT_THROW(simulate(gpipe(2, 1), c), ConfigError);
+}
+
+TEST(ScheduleSimulate, CommunicationCostsOnlyLengthenAStep) {
+  // More cost per transfer never makes a rank finish earlier (the simulation is monotone); with
+  // every term at zero the result is exactly the unit-cost one.
+  for (const auto& c : all_cases()) {
+    if (!should_build(c)) continue;
+    SCOPED_TRACE(label(c));
+    const Schedule s = build_schedule(c.name, c.p, c.m, c.v);
+    const Costs base = Costs::uniform(s.num_stages, 1, 1, 1);
+    Costs zero = base;
+    zero.comm = CommCosts{};
+    EXPECT_EQ(simulate(s, zero).makespan, simulate(s, base).makespan);
+    Costs comm = base;
+    comm.comm = {0.2, 0.1, 0.05};
+    const auto a = simulate(s, base), b = simulate(s, comm);
+    for (int r = 0; r < c.p; ++r) {
+      EXPECT_GE(b.finish[r], a.finish[r]);
+      EXPECT_GE(b.own_bubble[r], a.own_bubble[r]);
+    }
+  }
+}
+
+TEST(ScheduleSimulate, MeasuredCommCostsRecoverTheSimulatedTerms) {
+  // A simulated run is a measured run with exact clocks: the fit gives back what went in, pooled
+  // over several steps, as long as recv_overhead < send_latency (receives that wait then see the
+  // latency alone).
+  for (const char* name : {"1f1b", "zbh1", "interleaved"}) {
+    SCOPED_TRACE(name);
+    const Schedule s = build_schedule(name, 3, 6, std::string(name) == "interleaved" ? 2 : 1);
+    Costs c = Costs::uniform(s.num_stages, 1, 1, 1);
+    c.comm = {0.3, 0.2, 0.1};
+    std::vector<std::vector<TimedAction>> steps;
+    for (int i = 0; i < 3; ++i) {
+      c.forward[0] = 1 + 0.5 * i;  // the steps differ
+      steps.push_back(simulate(s, c).timeline);
+    }
+    const CommCosts fit = measured_comm_costs(steps);
+    EXPECT_NEAR(fit.send_latency, 0.3, 1e-12);
+    EXPECT_NEAR(fit.send_overhead, 0.2, 1e-12);
+    EXPECT_NEAR(fit.recv_overhead, 0.1, 1e-12);
+  }
+  // Means over the samples, a receive that waited part of the latency counts for neither term.
+  auto at = [](int rank, Op op, double start, double end) {
+    return TimedAction{rank, Action{op, 0, 0}, start, end};
+  };
+  std::vector<std::vector<TimedAction>> steps = {
+      {at(0, Op::kSendForward, 1.0, 1.5), at(1, Op::kRecvForward, 0.0, 3.0)},   // latency 2
+      {at(0, Op::kSendForward, 1.0, 1.1), at(1, Op::kRecvForward, 0.5, 2.0)},   // latency 1
+      {at(0, Op::kSendForward, 1.0, 1.2), at(1, Op::kRecvForward, 9.0, 9.25)},  // there already
+      {at(0, Op::kSendForward, 1.0, 1.2), at(1, Op::kRecvForward, 2.0, 2.5)}};  // neither
+  const CommCosts fit = measured_comm_costs(steps);
+  EXPECT_NEAR(fit.send_latency, 1.5, 1e-12);
+  EXPECT_NEAR(fit.send_overhead, (0.5 + 0.1 + 0.2 + 0.2) / 4, 1e-12);
+  EXPECT_NEAR(fit.recv_overhead, 0.25, 1e-12);
 }
 
 TEST(ScheduleText, RoundTripsEveryBuilderLoweredOrNot) {

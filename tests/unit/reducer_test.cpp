@@ -1,5 +1,5 @@
-// Reducer on its own: the pure bucket planner, argument checks, and averaging of plain leaf
-// tensors with ranks as threads (world sizes 1-4).
+// Reducer on its own: the pure bucket planner and plan check, argument checks, and averaging of
+// plain leaf tensors with ranks as threads (world sizes 1-4).
 #include "tests/support/test_support.h"
 
 #include <tandem/base/errors.h>
@@ -106,6 +106,34 @@ TEST(PlanBuckets, EveryParameterLandsInExactlyOneBucket) {
     }
   }
   for (int64_t i = 0; i < n; ++i) EXPECT_EQ(seen[i], 1) << "parameter " << i;
+}
+
+TEST(PlanBuckets, ReverseRegistrationOrder) {
+  EXPECT_EQ(reverse_registration_order(4), reversed(4));
+  EXPECT_TRUE(reverse_registration_order(0).empty());
+}
+
+// check_bucket_plan: what a plan read back from a checkpoint must satisfy.
+TEST(CheckBucketPlan, AcceptsPlansTheReducerMakesAndNamesWhatIsWrongOtherwise) {
+  const std::vector<at::ScalarType> dtypes = {at::kFloat, at::kFloat, at::kDouble};
+  const std::vector<std::string> names = {"a", "b", "c"};
+  EXPECT_NO_THROW(
+      check_bucket_plan(plan_buckets(reversed(3), dtypes, {4, 4, 8}, 4, 8), dtypes, names));
+  const auto error = [&](const Plan& plan) -> std::string {
+    try {
+      check_bucket_plan(plan, dtypes, names);
+    } catch (const ConfigError& e) {
+      return e.what();
+    }
+    return "no error";
+  };
+  EXPECT_NE(error({{0, 1}, {2}, {1}}).find("bucket 2 lists parameter 1, which is out of range (the "
+                                           "model has 3) or already in a bucket"),
+            std::string::npos);
+  EXPECT_NE(error({{0, 1}, {2, 3}}).find("bucket 1 lists parameter 3"), std::string::npos);
+  EXPECT_NE(error({{0, 2}, {1}}).find("bucket 0 mixes dtypes (parameter 'c')"), std::string::npos);
+  EXPECT_NE(error({{0, 1}, {}, {2}}).find("bucket 1 is empty"), std::string::npos);
+  EXPECT_NE(error({{0, 1}}).find("parameter 'c' is in no bucket"), std::string::npos);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 #include "tools/tandem-trace/trace_merge.h"
 
 #include <tandem/base/errors.h>
+#include <tandem/base/file_system.h>
 
 #include <dirent.h>
 
@@ -14,6 +15,8 @@
 #include <limits>
 #include <sstream>
 
+#include "base/strings.h"
+
 namespace tandem::trace {
 
 namespace {
@@ -21,15 +24,11 @@ namespace {
 // "rank12.json" -> 12; -1 for anything else.
 int rank_of_file_name(const std::string& name) {
   const std::string prefix = "rank", suffix = ".json";
-  if (name.size() <= prefix.size() + suffix.size()) return -1;
-  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
-  if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return -1;
+  if (!strings::starts_with(name, prefix) || !strings::ends_with(name, suffix)) return -1;
   const std::string digits = name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
-  if (digits.empty() || digits.size() > 9) return -1;
-  for (char c : digits) {
-    if (c < '0' || c > '9') return -1;
-  }
-  return std::stoi(digits);
+  if (digits.empty() || digits.size() > 9 || digits.find_first_not_of("0123456789") != std::string::npos)
+    return -1;
+  return static_cast<int>(*strings::parse_int(digits));
 }
 
 std::string read_whole_file(const std::string& path) {
@@ -160,15 +159,14 @@ JsonValue merge_traces(const std::vector<RankTrace>& ranks) {
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-  if (f != nullptr) ok = (std::fclose(f) == 0) && ok;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    throw Error("tandem-trace: cannot write '" + path + "' (" + std::strerror(err) +
-                "); check the directory exists and is writable.");
+  try {
+    posix_file_system()->write_file_atomically(path, text);
+  } catch (const CheckpointError& e) {
+    // The FileSystem words its errors for checkpoints; this is a timeline.
+    std::string what = e.what();
+    if (strings::starts_with(what, "tandem: checkpoint: ")) what.erase(0, 20);
+    throw Error("tandem-trace: cannot write '" + path + "': " + what +
+                " Check the directory exists and is writable.");
   }
 }
 

@@ -37,7 +37,8 @@ JsonValue merge_trace_dir(const std::string& dir, const std::string& out_path);
 // Parses a timeline file (merged or a single rank's). Throws Error naming `path`.
 JsonValue read_trace_file(const std::string& path);
 
-// Writes `text` to `path` through `path`.tmp + rename. Throws Error naming the path.
+// Replaces `path` with `text` atomically (FileSystem::write_file_atomically: a temporary file,
+// fsync, rename). Throws Error naming the path.
 void write_text_file(const std::string& path, const std::string& text);
 
 }  // namespace tandem::trace

@@ -3,6 +3,8 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/strings.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -38,20 +40,6 @@ const char* colour(const std::string& category) {
   if (category == "pipeline") return "#edc948";
   if (category == "checkpoint") return "#59a14f";
   return "#9c755f";
-}
-
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
 }
 
 std::string ms(double us) {
@@ -168,7 +156,7 @@ std::string timeline_svg(const JsonValue& trace, const SvgOptions& options) {
     const double height = lane.depth_count * kRowHeight;
     body << "<rect x=\"" << kLabelWidth << "\" y=\"" << y << "\" width=\"" << width
          << "\" height=\"" << height << "\" class=\"lane\"/>\n"
-         << "<text x=\"12\" y=\"" << y + 11 << "\" class=\"label\">" << escape(lane.label)
+         << "<text x=\"12\" y=\"" << y + 11 << "\" class=\"label\">" << strings::xml_escape(lane.label)
          << "</text>\n";
     for (const auto& s : lane.spans) {
       const double x0 = std::max(s.start_us, from_us), x1 = std::min(s.start_us + s.dur_us, to_us);
@@ -184,10 +172,10 @@ std::string timeline_svg(const JsonValue& trace, const SvgOptions& options) {
            << y + s.depth * kRowHeight + 1 << "\" width=\"" << w << "\" height=\""
            << kRowHeight - 2 << "\" fill=\"" << (outline ? "none" : colour(s.category))
            << "\"" << (outline ? " stroke=\"#edc948\"" : "") << "><title>"
-           << escape(s.tooltip) << "</title></rect>\n";
+           << strings::xml_escape(s.tooltip) << "</title></rect>\n";
       if (w > 7.0 * static_cast<double>(s.name.size()))
         body << "<text x=\"" << kLabelWidth + (x0 - from_us) * px_per_us + 2 << "\" y=\""
-             << y + s.depth * kRowHeight + 10 << "\" class=\"span\">" << escape(s.name)
+             << y + s.depth * kRowHeight + 10 << "\" class=\"span\">" << strings::xml_escape(s.name)
              << "</text>\n";
     }
     y += height + 4;

@@ -4,7 +4,10 @@
 #include <tandem/base/errors.h>
 #include <tandem/runtime/config.h>
 
+#include <yaml-cpp/yaml.h>
+
 #include "base/json.h"
+#include "base/strings.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -15,32 +18,10 @@
 namespace tandem::tune {
 namespace {
 
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> parts;
-  std::string part;
-  std::istringstream in(text);
-  while (std::getline(in, part, sep)) parts.push_back(part);
-  if (!text.empty() && text.back() == sep) parts.emplace_back();
-  return parts;
-}
-
 std::string trial_label(const Trial& trial) {
   std::string label;
   for (const auto& [key, value] : trial) label += (label.empty() ? "" : " ") + key + "=" + value;
   return label;
-}
-
-// A YAML scalar: plain when safe, double-quoted otherwise.
-std::string yaml_scalar(const std::string& value) {
-  const bool plain = !value.empty() && value.find_first_of(":#{}[]&*!|>'\"%@`") == std::string::npos &&
-                     value.front() != ' ' && value.back() != ' ' && value.front() != '-';
-  if (plain) return value;
-  std::string quoted = "\"";
-  for (char c : value) {
-    if (c == '"' || c == '\\') quoted += '\\';
-    quoted += c;
-  }
-  return quoted + "\"";
 }
 
 }  // namespace
@@ -49,7 +30,9 @@ Axis parse_axis(const std::string& text) {
   const auto eq = text.find('=');
   if (eq == std::string::npos || eq == 0)
     throw ConfigError("--grid '" + text + "' is not key=v1,v2,... (e.g. --grid ddp.bucket_cap_mb=1,5,25)");
-  Axis axis{text.substr(0, eq), split(text.substr(eq + 1), ',')};
+  if (eq + 1 == text.size())
+    throw ConfigError("--grid '" + text + "' has no values (e.g. --grid ddp.bucket_cap_mb=1,5,25)");
+  Axis axis{text.substr(0, eq), strings::split(text.substr(eq + 1), ',')};
   std::set<std::string> seen;
   for (const auto& v : axis.values) {
     if (v.empty())
@@ -57,8 +40,6 @@ Axis parse_axis(const std::string& text) {
     if (!seen.insert(v).second)
       throw ConfigError("--grid '" + text + "' lists the value '" + v + "' twice");
   }
-  if (axis.values.empty())
-    throw ConfigError("--grid '" + text + "' has no values (e.g. --grid ddp.bucket_cap_mb=1,5,25)");
   return axis;
 }
 
@@ -170,25 +151,21 @@ std::string format_table(const std::vector<TrialResult>& results) {
 }
 
 std::string best_config_yaml(const TrialResult& best, const std::string& comment) {
-  // Nest dotted keys: "a.b.c=v" under "a:" then "  b:" then "    c: v"; consecutive keys share
-  // the sections they have in common (the grid is written in the order it was given).
-  std::ostringstream out;
-  for (const auto& line : split(comment, '\n')) out << "# " << line << "\n";
-  std::vector<std::string> open;  // sections of the previous key
+  // Dotted keys nest: "a.b.c=v" is c: v under b: under a:, sections shared, in grid order.
+  YAML::Node root(YAML::NodeType::Map);
   for (const auto& [key, value] : best.trial) {
-    const auto parts = split(key, '.');
-    size_t common = 0;
-    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
-      ++common;
-    open.resize(common);
-    for (size_t d = common; d + 1 < parts.size(); ++d) {
-      out << std::string(2 * d, ' ') << parts[d] << ":\n";
-      open.push_back(parts[d]);
-    }
-    out << std::string(2 * (parts.size() - 1), ' ') << parts.back() << ": " << yaml_scalar(value)
-        << "\n";
+    const auto parts = strings::split(key, '.');
+    std::vector<YAML::Node> path{root};
+    for (size_t d = 0; d + 1 < parts.size(); ++d) path.push_back(path.back()[parts[d]]);
+    path.back()[parts.back()] = value;
   }
-  return out.str();
+  YAML::Emitter yaml;
+  yaml << root;
+  std::string out;
+  if (!comment.empty()) {
+    for (const auto& line : strings::split(comment, '\n')) out += "# " + line + "\n";
+  }
+  return out + yaml.c_str() + "\n";
 }
 
 }  // namespace tandem::tune

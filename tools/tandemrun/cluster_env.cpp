@@ -1,11 +1,9 @@
 #include "tools/tandemrun/cluster_env.h"
 
-#include <cerrno>
-#include <cstdlib>
-
 #include <tandem/base/errors.h>
 
 #include "base/slurm.h"
+#include "base/strings.h"
 
 namespace tandem::launcher {
 namespace {
@@ -14,15 +12,13 @@ namespace {
 std::optional<int> int_var(const EnvLookup& lookup, const char* name, int min) {
   const char* raw = lookup(name);
   if (raw == nullptr || *raw == '\0') return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(raw, &end, 10);
-  if (*end != '\0' || errno != 0 || v < min || v > 1'000'000'000) {
+  const auto v = strings::parse_int(raw);
+  if (!v || *v < min || *v > 1'000'000'000) {
     throw ConfigError(std::string(name) + "='" + raw + "' is not a whole number >= " +
                       std::to_string(min) +
                       "; fix the variable or give the matching tandemrun option explicitly");
   }
-  return static_cast<int>(v);
+  return static_cast<int>(*v);
 }
 
 std::optional<std::string> string_var(const EnvLookup& lookup, const char* name) {

@@ -26,14 +26,9 @@ namespace {
 
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
+constexpr int kExitFinal = 2;  // a failure no restart can fix (as on one node, main.cpp)
 constexpr std::chrono::milliseconds kHookInterval{100};
 constexpr std::chrono::milliseconds kPoll{50};
-
-std::string seconds(double s) {
-  std::ostringstream text;
-  text << s << " s";
-  return text.str();
-}
 
 std::string describe(const RoundFailure& f) {
   if (f.node_lost) return "node " + std::to_string(f.node_rank) + " (" + f.host + ") " + f.what;
@@ -77,7 +72,7 @@ RoundFailure lost_node_failure(int round, const RoundMember& m, double node_time
   f.node_rank = m.node_rank;
   f.host = m.addr;
   f.node_lost = true;
-  f.what = "was lost: its agent renewed no keep-alive for " + seconds(node_timeout_s) +
+  f.what = "was lost: its agent renewed no keep-alive for " + seconds_text(node_timeout_s) +
            " (killed, or its host is down)";
   return f;
 }
@@ -125,7 +120,7 @@ RoundFailure Agent::handle_local_failure(const Round& round, const MonitorResult
   log_line("rank " + std::to_string(first_seen.rank) + " " +
            describe_failure(first_seen, options_.heartbeat_timeout_s) +
            "; stopping this node's workers (SIGTERM, SIGKILL after " +
-           seconds(options_.grace_period_s) + ")");
+           seconds_text(options_.grace_period_s) + ")");
   std::optional<RoundFailure> elsewhere;
   const auto error = read_error_file(first_seen.error_file);
   if (error && looks_secondary(*error)) {
@@ -170,6 +165,7 @@ RoundFailure Agent::handle_local_failure(const Round& round, const MonitorResult
   f.pid = record.pid;
   f.what = record.what;
   if (record.error) f.error = record.error->message;
+  f.final_reason = record.final_reason;
   if (group_.workers().size() > 1 || options_.max_restarts <= round.number)
     print_failure_summary(group_.workers(), root, options_.grace_period_s);
   return rdzv_.report_failure(f);
@@ -279,13 +275,13 @@ int Agent::run() {
         counted = *remote;
         log_line("round " + std::to_string(r) + " failed on another node: " + describe(counted) +
                  "; stopping this node's workers (SIGTERM, SIGKILL after " +
-                 seconds(options_.grace_period_s) + ")");
+                 seconds_text(options_.grace_period_s) + ")");
         group_.stop(SIGTERM, grace_);
         break;
       case MonitorResult::Outcome::kInterrupted:
         log_line("received " + signal_name(result.signal) +
                  "; forwarding it to the workers (SIGKILL after " +
-                 seconds(options_.grace_period_s) + ")");
+                 seconds_text(options_.grace_period_s) + ")");
         group_.stop(result.signal, grace_);
         print_interrupt_summary(group_.workers(), result.signal, options_.grace_period_s);
         return finish(128 + result.signal);
@@ -293,6 +289,13 @@ int Agent::run() {
     if (const int sig = group_.received_stop_signal(); sig != 0) {
       log_line("received " + signal_name(sig) + " while handling the failure; not restarting");
       return finish(128 + sig);
+    }
+    if (!counted.final_reason.empty()) {
+      log_line("round " + std::to_string(r) + " failed: " + describe(counted) + " (" +
+               counted.final_reason + "); a restart cannot fix it; not restarting");
+      rdzv_.set_job_state(false);
+      print_job_root_cause(rdzv_, r, options_.max_restarts);
+      return finish(kExitFinal);
     }
     if (r >= options_.max_restarts) {
       rdzv_.set_job_state(false);

@@ -16,9 +16,11 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/strings.h"
 #include "tools/tandemrun/cluster_env.h"
 #include "tools/tandemrun/free_port.h"
 #include "tools/tandemrun/log_files.h"
+#include "tools/tandemrun/standby_pool.h"
 
 #ifndef TANDEM_VERSION
 #define TANDEM_VERSION "unknown"
@@ -61,17 +63,14 @@ class UsageFormatter : public CLI::Formatter {
 // --nnodes takes torchrun's "N" or "MIN:MAX" (multi-node when MAX > 1: docs/launcher.md).
 void parse_nnodes(const std::string& text, LauncherOptions& o) {
   const auto colon = text.find(':');
-  auto parse_int = [&](const std::string& part) {
-    char* end = nullptr;
-    errno = 0;
-    const long v = std::strtol(part.c_str(), &end, 10);
-    if (part.empty() || *end != '\0' || errno != 0 || v < 1 || v > 1'000'000) {
+  auto parse_count = [&](const std::string& part) {
+    const auto v = strings::parse_int(part);
+    if (!v || *v < 1 || *v > 1'000'000)
       throw ConfigError("--nnodes must be a positive integer or MIN:MAX (got '" + text + "')");
-    }
-    return static_cast<int>(v);
+    return static_cast<int>(*v);
   };
-  o.min_nodes = parse_int(text.substr(0, colon));
-  o.max_nodes = colon == std::string::npos ? o.min_nodes : parse_int(text.substr(colon + 1));
+  o.min_nodes = parse_count(text.substr(0, colon));
+  o.max_nodes = colon == std::string::npos ? o.min_nodes : parse_count(text.substr(colon + 1));
   if (o.min_nodes > o.max_nodes) {
     throw ConfigError("--nnodes " + text + ": MIN is larger than MAX; write MIN:MAX, e.g. 1:" +
                       std::to_string(o.min_nodes));
@@ -145,6 +144,11 @@ void validate(const LauncherOptions& o, bool port_given) {
   if (o.max_restarts < 0 || o.max_restarts > 1'000'000) {
     throw ConfigError("--max-restarts must be between 0 and 1000000 (got " +
                       std::to_string(o.max_restarts) + ")");
+  }
+  if (o.standby_mode == StandbyMode::kOn && o.max_restarts == 0) {
+    throw ConfigError("--standby needs --max-restarts > 0: a standby worker takes over a "
+                      "restarted one, and without restarts it would only hold memory; add "
+                      "--max-restarts N or drop --standby");
   }
   if (!std::isfinite(o.monitor_interval_s) || o.monitor_interval_s < 0.001 ||
       o.monitor_interval_s > 60) {
@@ -282,11 +286,14 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                  "Workers record timelines into DIR (TANDEM_TRACE_DIR); merged into "
                  "DIR/timeline.json with a summary after the run (docs/timeline.md)")
       ->envname("PET_TRACE_DIR");
-  app.add_flag("--standby", o.standby,
-               "Keep the next attempt's workers started ahead, waiting in tandem::run_main for "
-               "their environment, so a restart skips process start and library loading "
-               "(programs must use tandem::run_main; needs --max-restarts > 0)")
-      ->envname("PET_STANDBY");
+  bool standby = false;
+  auto* standby_option =
+      app.add_flag("--standby,!--no-standby", standby,
+                   "Keep the next attempt's workers started ahead, waiting in tandem::run_main "
+                   "for their environment, so a restart skips process start and library "
+                   "loading (needs --max-restarts > 0). Default: on when --max-restarts > 0, "
+                   "the program calls tandem::run_main and memory allows it")
+          ->envname("PET_STANDBY");
   std::string ranks_filter;
   app.add_option("--log-dir,--log_dir", o.log_dir,
                  "Base directory for worker log files: <dir>/<run id>_XXXXXX/attempt_<restart>/"
@@ -395,6 +402,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   }
   parse_nnodes(nnodes, o);
   o.node_rank_given = node_rank_option->count() > 0 || cluster.node_rank.has_value();
+  if (standby_option->count() > 0) o.standby_mode = standby ? StandbyMode::kOn : StandbyMode::kOff;
   validate(o, port->count() > 0);
   parse_std_spec(o.redirects, "--redirects");  // validated here; applied per worker
   parse_std_spec(o.tee, "--tee");
@@ -412,6 +420,10 @@ void resolve_launch_values(LauncherOptions& options) {
   if (options.run_id.empty() && options.multi_node()) options.run_id = options.rdzv_id;
   if (options.run_id.empty()) options.run_id = generate_run_id();
   if (options.standalone) options.master_port = pick_free_port(options.master_addr);
+  options.standby = options.max_restarts > 0 &&
+                    (options.standby_mode == StandbyMode::kOn ||
+                     (options.standby_mode == StandbyMode::kAuto &&
+                      program_calls_run_main(options.program_path)));
 }
 
 std::string generate_run_id() {

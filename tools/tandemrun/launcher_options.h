@@ -13,6 +13,10 @@ namespace tandem::launcher {
 // Torchrun's default rendezvous port when --master-port is not given.
 inline constexpr int kDefaultMasterPort = 29500;
 
+// Standby workers (standby_pool.h): --standby, --no-standby, or neither (kAuto: on when a restart
+// is allowed and the program calls tandem::run_main, while memory allows it).
+enum class StandbyMode { kAuto, kOn, kOff };
+
 struct LauncherOptions {
   int nnodes = 1;          // nodes of the current round (multi-node: set by each rendezvous)
   int node_rank = 0;       // GROUP_RANK of this node (multi-node: assigned by each rendezvous)
@@ -26,7 +30,8 @@ struct LauncherOptions {
   double monitor_interval_s = 0.1;       // how often heartbeats are checked (torchrun's default)
   double heartbeat_timeout_s = 0;        // a worker silent this long after its first beat fails; 0 off
   std::string trace_dir;                 // --trace-dir: TANDEM_TRACE_DIR for workers, merged after
-  bool standby = false;  // --standby: start the next attempt's workers ahead (tandem::run_main)
+  StandbyMode standby_mode = StandbyMode::kAuto;
+  bool standby = false;  // start the next attempt's workers ahead (decided at launch)
   // Worker output (torchrun's options; semantics and file layout in log_files.h).
   std::string log_dir;                  // base of <run_id>_XXXXXX/attempt_N/...; empty: temp dir
   std::string redirects = "0";          // --redirects: 0-3 or "LOCAL_RANK:0-3,..."
@@ -73,9 +78,10 @@ CommandLine parse_command_line(int argc, const char* const* argv);
 // tandem::ConfigError when it is missing, a directory or not executable.
 std::string resolve_program(const std::string& program, const std::string& path_env);
 
-// Fills what is decided at launch rather than parsed: a generated run id when none was given and,
-// with --standalone, a free port on master_addr. Throws tandem::ConfigError when the port cannot
-// be picked (e.g. master_addr is not a local address).
+// Fills what is decided at launch rather than parsed: a generated run id when none was given,
+// with --standalone a free port on master_addr, and whether standby workers are kept (kAuto: when
+// max_restarts > 0 and the program calls tandem::run_main). Throws tandem::ConfigError when the
+// port cannot be picked (e.g. master_addr is not a local address).
 void resolve_launch_values(LauncherOptions& options);
 
 // A random 16-hex-digit run id.

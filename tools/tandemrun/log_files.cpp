@@ -11,27 +11,19 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/strings.h"
+
 namespace tandem::launcher {
 namespace {
 
-// A non-negative decimal integer (no sign, no spaces); nullopt otherwise.
+// A non-negative decimal integer without a sign (torchrun's syntax has none); nullopt otherwise.
 std::optional<int> parse_index(const std::string& text) {
-  if (text.empty() || text.size() > 7) return std::nullopt;
-  if (!std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
+  if (text.empty() || text.size() > 7 || text.find_first_not_of("0123456789") != std::string::npos)
     return std::nullopt;
-  return std::stoi(text);
+  return static_cast<int>(*strings::parse_int(text));
 }
 
-std::vector<std::string> split(const std::string& text, char separator) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  for (;;) {
-    const auto end = text.find(separator, start);
-    parts.push_back(text.substr(start, end == std::string::npos ? end : end - start));
-    if (end == std::string::npos) return parts;
-    start = end + 1;
-  }
-}
+using strings::split;
 
 }  // namespace
 

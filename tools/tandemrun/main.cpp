@@ -1,19 +1,19 @@
 // tandemrun: the torchrun-style local launcher. See docs/launcher.md.
 //
 // Exit status: 0 all workers exited 0 (possibly after restarts); 1 a worker failed and no
-// restart was left (or the launch itself failed);
-// 2 bad command line, nothing started; 128+N stopped by signal N.
+// restart was left (or the launch itself failed); 2 bad command line (nothing started), or a
+// worker failed in a way no restart can fix (root_cause.h); 128+N stopped by signal N.
 //
 // Single-node runs stay a plain POSIX program: no store, no threads. Multi-node runs
-// (elastic_agent.cpp) link libtorch's c10d TCPStore, which runs threads; workers are still
-// forked from the main thread and the child makes only async-signal-safe calls until execve.
+// (elastic_agent.cpp) load libtorch's c10d TCPStore (agent_store.h), which runs threads; workers
+// are still forked from the main thread and the child makes only async-signal-safe calls until
+// execve.
 
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <sstream>
 
 #include <tandem/base/errors.h>
 
@@ -34,16 +34,13 @@ namespace {
 
 constexpr int kExitWorkerFailed = 1;
 constexpr int kExitUsage = 2;
+// A failure a restart cannot fix (root_cause.h's final_reason): the same status as a bad command
+// line and as run_main's configuration error, so scripts tell "fix something" from "it crashed".
+constexpr int kExitFinal = 2;
 
 // How long the other workers may take to fail by themselves after a failure that looks like the
 // consequence of another one (bounded by --grace-period-s as well).
 constexpr std::chrono::milliseconds kSettleLimit{3000};
-
-std::string seconds(double s) {
-  std::ostringstream text;
-  text << s << " s";
-  return text.str();
-}
 
 int run_workers(LauncherOptions options, std::vector<std::string> env) {
   const auto grace = std::chrono::milliseconds(std::llround(options.grace_period_s * 1000.0));
@@ -72,7 +69,7 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
           log_line("rank " + std::to_string(first_seen.rank) + " " +
                    describe_failure(first_seen, options.heartbeat_timeout_s) +
                    "; stopping the other workers (SIGTERM, SIGKILL after " +
-                   seconds(options.grace_period_s) + ")");
+                   seconds_text(options.grace_period_s) + ")");
           // A worker that failed because a peer failed first (its communicator saw the peer go)
           // may exit before that peer has finished failing: give the others a moment to fail by
           // themselves and write their error files, so the root cause is the peer.
@@ -94,8 +91,14 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
         const Worker& failed = group.workers()[static_cast<std::size_t>(root)];
         failures.push_back(record_failure(failed, restart_count, options.heartbeat_timeout_s));
         const int stop_signal = group.received_stop_signal();
-        if (restart_count < options.max_restarts && stop_signal == 0) {
-          const FailureRecord& f = failures.back();
+        const FailureRecord& f = failures.back();
+        const bool cannot_fix = !f.final_reason.empty();
+        if (cannot_fix && stop_signal == 0) {
+          log_line("rank " + std::to_string(f.rank) + " " + f.what + " (" + f.final_reason + ")" +
+                   (f.error ? ": " + f.error->message : std::string()) +
+                   "; a restart cannot fix it; not restarting");
+        }
+        if (restart_count < options.max_restarts && stop_signal == 0 && !cannot_fix) {
           log_line("rank " + std::to_string(f.rank) + " " + f.what +
                    (f.error ? ": " + f.error->message : std::string()) +
                    "; restarting all workers (restart " + std::to_string(restart_count + 1) +
@@ -109,12 +112,12 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
                    "restarting");
           return 128 + stop_signal;
         }
-        return kExitWorkerFailed;
+        return cannot_fix ? kExitFinal : kExitWorkerFailed;
       }
       case MonitorResult::Outcome::kInterrupted:
         log_line("received " + signal_name(result.signal) +
                  "; forwarding it to the workers (SIGKILL after " +
-                 seconds(options.grace_period_s) + ")");
+                 seconds_text(options.grace_period_s) + ")");
         group.stop(result.signal, grace);
         print_interrupt_summary(group.workers(), result.signal, options.grace_period_s);
         return 128 + result.signal;

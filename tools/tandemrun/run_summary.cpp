@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "tools/tandemrun/fd_io.h"
+#include "tools/tandemrun/root_cause.h"
 
 namespace tandem::launcher {
 
@@ -69,6 +70,7 @@ FailureRecord record_failure(const Worker& failed, int restart_count, double hea
   if (::gethostname(host, sizeof(host) - 1) == 0) record.host = host;
   record.what = describe_failure(failed, heartbeat_timeout_s);
   if (!failed.error_file.empty()) record.error = read_error_file(failed.error_file);
+  record.final_reason = final_reason(failed.exit, record.error);
   return record;
 }
 
@@ -84,7 +86,7 @@ void print_root_cause(const std::vector<FailureRecord>& failures, int max_restar
     if (first.error->timestamp > 0)
       out << "tandemrun:   error time: " << first.error->timestamp << " (unix seconds)\n";
   }
-  if (max_restarts > 0) {
+  if (failures.size() > 1) {
     out << "tandemrun: failures: " << failures.size() << " attempts (--max-restarts "
         << max_restarts << ")\n";
     for (const auto& f : failures) {

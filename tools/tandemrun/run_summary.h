@@ -29,6 +29,7 @@ struct FailureRecord {
   std::string host;
   std::string what;                  // "exited with code 3", "was killed by signal 9 (SIGKILL)", ...
   std::optional<WorkerError> error;  // from its error file, when it wrote one
+  std::string final_reason;          // why a restart cannot fix it (root_cause.h); "" if it may
 };
 
 // Records the failure of `failed` (after stop(): its exit is known) on this host.
@@ -38,7 +39,7 @@ FailureRecord record_failure(const Worker& failed, int restart_count, double hea
 std::string describe_failure(const Worker& worker, double heartbeat_timeout_s);
 
 // The root cause block printed when tandemrun gives up (the first failure of the whole run), and,
-// after restarts, one line per earlier attempt:
+// when more than one attempt failed, one line per attempt:
 //   tandemrun: root cause (first failure): rank 1 on host H (pid P), restart 0: exited with code 1
 //   tandemrun:   error: RuntimeError: boom
 //   tandemrun: failures: 3 attempts (--max-restarts 2)

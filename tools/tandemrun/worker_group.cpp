@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 
@@ -32,39 +33,6 @@ constexpr int kMaxPollMs = 1000;
 // in uninterruptible sleep can outlive SIGKILL for a while).
 constexpr std::chrono::seconds kKillWait{10};
 
-// What a child reports through its close-on-exec status pipe when it cannot exec the program.
-enum ChildStage : int { kSetpgid, kDeathSignal, kParentCheck, kDup2, kExec, kStageCount };
-constexpr const char* kStageNames[kStageCount] = {"setpgid", "prctl(PR_SET_PDEATHSIG)",
-                                                  "parent check (launcher gone)", "dup2", "execve"};
-struct ChildFailure {
-  int stage;  // a ChildStage
-  int error;  // errno
-};
-
-[[noreturn]] void child_fail(int status_fd, int stage, int error) {
-  const ChildFailure failure{stage, error};
-  const ssize_t ignored = ::write(status_fd, &failure, sizeof(failure));
-  (void)ignored;
-  ::_exit(127);
-}
-
-// Runs in the forked child: only async-signal-safe calls until execve().
-[[noreturn]] void exec_child(pid_t parent, int stdin_fd, int stdout_fd, int stderr_fd,
-                             int status_fd, int keep_fd, const char* path, char* const* argv,
-                             char* const* envp) {
-  SignalRelay::reset_in_child();
-  if (::setpgid(0, 0) != 0) child_fail(status_fd, kSetpgid, errno);
-  if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) child_fail(status_fd, kDeathSignal, errno);
-  // If the launcher died before prctl() took effect, the death signal will never come.
-  if (::getppid() != parent) child_fail(status_fd, kParentCheck, ESRCH);
-  if (::dup2(stdin_fd, 0) < 0 || ::dup2(stdout_fd, 1) < 0 || ::dup2(stderr_fd, 2) < 0) {
-    child_fail(status_fd, kDup2, errno);
-  }
-  if (keep_fd >= 0 && ::fcntl(keep_fd, F_SETFD, 0) != 0) child_fail(status_fd, kDup2, errno);
-  ::execve(path, argv, envp);
-  child_fail(status_fd, kExec, errno);
-}
-
 // Seconds since `path` was last modified (its heartbeat); nullopt while it does not exist.
 std::optional<double> seconds_since_modified(const std::string& path) {
   struct stat st {};
@@ -73,6 +41,22 @@ std::optional<double> seconds_since_modified(const std::string& path) {
   ::clock_gettime(CLOCK_REALTIME, &now);
   return static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
          static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) * 1e-9;
+}
+
+// True when `pid` is stopped by a signal (SIGSTOP, SIGTSTP) or a debugger: state T or t in
+// /proc/PID/stat (the field after the parenthesised command name, which may hold spaces).
+bool is_stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[512];
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  const char* close = std::strrchr(text, ')');
+  return close != nullptr && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
 }
 
 // Opens (truncates) one worker log file; an empty path means none.
@@ -84,29 +68,6 @@ UniqueFd open_log_file(const std::string& path) {
                 "; choose a writable --log-dir");
   }
   return fd;
-}
-
-// A standby acknowledges its environment with one byte once it has set it. It may still be loading
-// its libraries when a restart comes early, hence the generous limit; a program that never waits
-// in tandem::run_main costs this much once, then the worker is started normally.
-constexpr int kStandbyAckMs = 10'000;
-
-bool acknowledged(int fd) {
-  pollfd p{fd, POLLIN, 0};
-  int ready;
-  do {
-    ready = ::poll(&p, 1, kStandbyAckMs);
-  } while (ready < 0 && errno == EINTR);
-  char ack = 0;
-  return ready == 1 && ::read(fd, &ack, 1) == 1 && ack == 'A';
-}
-
-std::vector<char*> c_strings(std::vector<std::string>& strings) {
-  std::vector<char*> pointers;
-  pointers.reserve(strings.size() + 1);
-  for (auto& s : strings) pointers.push_back(s.data());
-  pointers.push_back(nullptr);
-  return pointers;
 }
 
 }  // namespace
@@ -139,7 +100,7 @@ WorkerGroup::WorkerGroup(LauncherOptions options, std::vector<std::string> base_
 }
 
 WorkerGroup::~WorkerGroup() {
-  discard_standby();
+  standby_.discard();
   if (!state_dir_.empty()) {
     if (DIR* dir = ::opendir(state_dir_.c_str())) {
       while (const dirent* entry = ::readdir(dir)) {
@@ -184,11 +145,14 @@ void WorkerGroup::start(int restart_count) {
     throw;
   }
   const size_t prepared = standby_.size();
-  discard_standby();  // what was not used
+  standby_.discard();  // what was not used
   if (prepared > 0 && activated_ > 0) {
+    const char* why = options_.standby_mode == StandbyMode::kOn
+                          ? "--standby"
+                          : "the default; --no-standby turns it off";
     log_line("restart " + std::to_string(restart_count) + ": " + std::to_string(activated_) +
              " of " + std::to_string(options_.nproc_per_node) +
-             " workers taken over from standby processes (--standby)");
+             " workers taken over from standby processes (" + why + ")");
   }
   if (options_.standby && restart_count < options_.max_restarts) start_standby(restart_count);
 }
@@ -212,8 +176,12 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
   StreamSink out_sink{routes.out.console, open_log_file(routes.out.file)};
   StreamSink err_sink{routes.err.console, open_log_file(routes.err.file)};
 
-  std::optional<Launched> process = activate_standby(local_rank, env);
-  if (!process) process = launch(env, -1, "rank " + std::to_string(rank));
+  std::optional<LaunchedProcess> process = standby_.activate(local_rank, env);
+  if (process) {
+    ++activated_;
+  } else {
+    process = launch_process(program_spec(std::move(env), "rank " + std::to_string(rank)));
+  }
   Worker worker;
   worker.local_rank = local_rank;
   worker.rank = rank;
@@ -225,63 +193,31 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
                      std::move(out_sink), std::move(err_sink));
 }
 
-WorkerGroup::Launched WorkerGroup::launch(std::vector<std::string>& env, int keep_fd,
-                                          const std::string& who) {
-  // Everything the child needs is prepared before fork(): after it, only async-signal-safe calls.
-  std::vector<std::string> args{options_.program};
-  args.insert(args.end(), options_.program_args.begin(), options_.program_args.end());
-  std::vector<char*> argv = c_strings(args);
-  std::vector<char*> envp = c_strings(env);
-  Pipe out = make_pipe();
-  Pipe err = make_pipe();
-  Pipe status = make_pipe();
-
-  // Block signals across fork() so no handler of ours runs in the child (it would write to the
-  // launcher's signal pipe); the child restores defaults and unblocks before exec.
-  sigset_t all;
-  sigset_t previous;
-  sigfillset(&all);
-  ::sigprocmask(SIG_BLOCK, &all, &previous);
-  const pid_t parent = ::getpid();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    exec_child(parent, dev_null_.get(), out.write.get(), err.write.get(), status.write.get(),
-               keep_fd, options_.program_path.c_str(), argv.data(), envp.data());
-  }
-  const int fork_errno = errno;
-  ::sigprocmask(SIG_SETMASK, &previous, nullptr);
-  if (pid < 0) {
-    throw Error("cannot start " + who + ": fork() failed: " + std::strerror(fork_errno) +
-                "; too many processes? check `ulimit -u`");
-  }
-  ::setpgid(pid, pid);  // the child does the same; doing it here too closes the race with killpg()
-  out.write.reset();
-  err.write.reset();
-  status.write.reset();
-
-  // End-of-file on the status pipe means execve() succeeded (the pipe is close-on-exec).
-  ChildFailure failure{};
-  ssize_t n;
-  do {
-    n = ::read(status.read.get(), &failure, sizeof(failure));
-  } while (n < 0 && errno == EINTR);
-  if (n == static_cast<ssize_t>(sizeof(failure))) {
-    ::waitpid(pid, nullptr, 0);  // it has _exit()ed
-    const int stage = std::clamp(failure.stage, 0, kStageCount - 1);
-    const bool missing_interpreter = stage == kExec && failure.error == ENOENT;
-    throw Error(
-        "cannot start " + who + " ('" + options_.program_path + "'): " + kStageNames[stage] +
-        " failed: " + std::strerror(failure.error) +
-        (missing_interpreter ? " (is the interpreter named on its #! line installed?)" : ""));
-  }
-  return Launched{pid, std::move(out.read), std::move(err.read)};
+LaunchSpec WorkerGroup::program_spec(std::vector<std::string> env, std::string who) const {
+  LaunchSpec spec;
+  spec.path = options_.program_path;
+  spec.argv.push_back(options_.program);
+  spec.argv.insert(spec.argv.end(), options_.program_args.begin(), options_.program_args.end());
+  spec.env = std::move(env);
+  spec.stdin_fd = dev_null_.get();
+  spec.who = std::move(who);
+  return spec;
 }
 
 void WorkerGroup::start_standby(int restart_count) {
-  discard_standby();
+  if (options_.standby_mode == StandbyMode::kAuto) {
+    if (const auto shortage = standby_memory_shortage(options_.nproc_per_node)) {
+      if (!memory_warned_) {
+        log_line("not keeping standby workers for restarts: " + *shortage +
+                 " (--standby keeps them anyway)");
+      }
+      memory_warned_ = true;
+      return;
+    }
+  }
   // What a worker's libraries read while loading (OMP_NUM_THREADS) must be right already; the
-  // per-rank variables come at activation. Without RANK a program that does not wait in
-  // tandem::run_main fails at once instead of training as a duplicate.
+  // per-rank variables come at activation. A program that does not wait in tandem::run_main
+  // would run without them: by default only programs that call it get standbys.
   WorkerSlot slot;
   slot.restart_count = restart_count + 1;
   std::vector<std::string> predicted = build_worker_env(options_, slot, base_env_);
@@ -292,59 +228,7 @@ void WorkerGroup::start_standby(int restart_count) {
                      [](const std::string& b) { return b.rfind("OMP_NUM_THREADS=", 0) == 0; }))
       env.push_back(e);
   }
-  try {
-    for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank) {
-      // A socket pair, not a pipe: the standby acknowledges its environment on the same channel.
-      int fds[2];
-      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
-        throw Error(std::string("socketpair() failed: ") + std::strerror(errno));
-      UniqueFd ours(fds[0]);
-      UniqueFd theirs(fds[1]);
-      std::vector<std::string> standby_env = env;
-      standby_env.push_back("TANDEM_STANDBY_FD=" + std::to_string(theirs.get()));
-      Launched process = launch(standby_env, theirs.get(),
-                                "the standby of local rank " + std::to_string(local_rank));
-      standby_.push_back(Standby{std::move(process), std::move(ours)});
-    }
-  } catch (const Error& e) {
-    log_line(std::string("--standby: ") + e.what() + "; restarts will start workers normally");
-    discard_standby();
-  }
-}
-
-std::optional<WorkerGroup::Launched> WorkerGroup::activate_standby(int local_rank,
-                                                                   std::vector<std::string>& env) {
-  if (static_cast<size_t>(local_rank) >= standby_.size()) return std::nullopt;
-  Standby& standby = standby_[static_cast<size_t>(local_rank)];
-  if (standby.process.pid <= 0) return std::nullopt;
-  std::string message;
-  for (const auto& e : env) message.append(e).push_back('\0');
-  message.push_back('\0');
-  const bool alive = ::waitpid(standby.process.pid, nullptr, WNOHANG) == 0;
-  if (alive && write_all(standby.control.get(), message.data(), message.size()) &&
-      acknowledged(standby.control.get())) {
-    standby.control.reset();
-    ++activated_;
-    Launched process = std::move(standby.process);
-    standby.process.pid = -1;
-    return process;
-  }
-  log_line("the standby of local rank " + std::to_string(local_rank) +
-           (alive ? " did not take its environment" : " exited before it was needed") +
-           " (does the program call tandem::run_main?); starting the worker normally");
-  ::killpg(standby.process.pid, SIGKILL);
-  ::waitpid(standby.process.pid, nullptr, 0);
-  standby.process.pid = -1;
-  return std::nullopt;
-}
-
-void WorkerGroup::discard_standby() {
-  for (auto& standby : standby_) {
-    if (standby.process.pid <= 0) continue;
-    ::killpg(standby.process.pid, SIGKILL);
-    ::waitpid(standby.process.pid, nullptr, 0);
-  }
-  standby_.clear();
+  standby_.start(options_.nproc_per_node, program_spec(std::move(env), "a standby"));
 }
 
 MonitorResult WorkerGroup::monitor() {
@@ -384,14 +268,34 @@ MonitorResult WorkerGroup::monitor() {
 }
 
 void WorkerGroup::check_heartbeats() {
+  struct Silent {
+    Worker* worker;
+    double seconds;
+    bool stopped;
+  };
+  std::vector<Silent> silent;
+  bool over_timeout = false;
   for (auto& w : workers_) {
-    if (w.exit || w.reaped || w.heartbeat_file.empty()) continue;
-    const std::optional<double> silent = seconds_since_modified(w.heartbeat_file);
-    if (!silent || *silent <= options_.heartbeat_timeout_s) continue;  // no beat yet, or alive
-    w.hung = true;
-    w.silent_s = *silent;
-    w.failure_order = failures_seen_++;
-    if (first_failure_ < 0) first_failure_ = w.local_rank;
+    if (w.exit || w.reaped || w.hung || w.heartbeat_file.empty()) continue;
+    const std::optional<double> s = seconds_since_modified(w.heartbeat_file);
+    if (!s) continue;  // no beat yet: still starting
+    const bool stopped = is_stopped(w.pid);
+    if (*s > options_.heartbeat_timeout_s) over_timeout = true;
+    if (*s > options_.heartbeat_timeout_s || stopped) silent.push_back({&w, *s, stopped});
+  }
+  if (!over_timeout) return;
+  // When one rank hangs, its peers wait for it in the next collective and go silent too, within
+  // moments (heartbeats are coarse: one touch per 100 ms). The ones that went silent by
+  // themselves come first: those stopped by a signal (they can never beat again), then the
+  // longest silent.
+  std::stable_sort(silent.begin(), silent.end(), [](const Silent& a, const Silent& b) {
+    return a.stopped != b.stopped ? a.stopped : a.seconds > b.seconds;
+  });
+  for (const Silent& s : silent) {
+    s.worker->hung = true;
+    s.worker->silent_s = s.seconds;
+    s.worker->failure_order = failures_seen_++;
+    if (first_failure_ < 0) first_failure_ = s.worker->local_rank;
   }
 }
 

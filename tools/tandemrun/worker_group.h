@@ -9,9 +9,10 @@
 // its process group: the zombie keeps its pid, so the group id cannot be reused by an unrelated
 // process that a late killpg() would hit.
 //
-// --standby: after each start() that leaves restarts, one more process per local rank is started
-// and parked in tandem::run_main (TANDEM_STANDBY_FD); the next start() hands each its worker
-// environment instead of forking, so a restart costs no process start or library loading.
+// Standby (standby_pool.h): after each start() that leaves restarts, one more process per local
+// rank is started and parked in tandem::run_main (TANDEM_STANDBY_FD); the next start() hands each
+// its worker environment instead of forking, so a restart costs no process start or library
+// loading. Process starts themselves are process_launch.h's.
 //
 // Not thread-safe; one thread drives it, and it must be the main thread: PR_SET_PDEATHSIG fires
 // when the forking *thread* exits. It never creates threads: output, exits and signals are
@@ -31,7 +32,9 @@
 #include "tools/tandemrun/launcher_options.h"
 #include "tools/tandemrun/log_files.h"
 #include "tools/tandemrun/output_pump.h"
+#include "tools/tandemrun/process_launch.h"
 #include "tools/tandemrun/signal_relay.h"
+#include "tools/tandemrun/standby_pool.h"
 #include "tools/tandemrun/worker_status.h"
 
 namespace tandem::launcher {
@@ -128,29 +131,12 @@ class WorkerGroup {
   int received_stop_signal() const { return received_stop_signal_; }
 
  private:
-  // A started program: its pid and the read ends of its stdout/stderr pipes.
-  struct Launched {
-    pid_t pid = -1;
-    UniqueFd out, err;
-  };
-  // A process started ahead of the next attempt (--standby): it has exec'd the program and waits
-  // in tandem::run_main for its environment on `control`.
-  struct Standby {
-    Launched process;
-    UniqueFd control;  // our end of a socket pair; closing it unused tells the process to exit
-  };
-
   void spawn(int local_rank, int restart_count);
-  // fork + exec of the program with `env`; `keep_fd` (>= 0) stays open across exec. Returns once
-  // the exec succeeded; throws Error naming `who` and the failing step otherwise.
-  Launched launch(std::vector<std::string>& env, int keep_fd, const std::string& who);
-  // Starts one standby per local rank for the attempt after `restart_count` (--standby).
+  // The program with `env`, its stdin /dev/null.
+  LaunchSpec program_spec(std::vector<std::string> env, std::string who) const;
+  // Starts one standby per local rank for the attempt after `restart_count`, when the options
+  // (and, by default, memory) allow it.
   void start_standby(int restart_count);
-  // Hands `env` to local rank's standby; its process if that worked, nullopt (the standby is
-  // discarded) when there is none or it died before it was needed.
-  std::optional<Launched> activate_standby(int local_rank, std::vector<std::string>& env);
-  // SIGKILLs and reaps every unused standby.
-  void discard_standby();
   // One pass of the event loop: waits (at most until `deadline`) for output or a signal, pumps
   // output, records stop signals and worker exits.
   void pump_once(std::optional<std::chrono::steady_clock::time_point> deadline);
@@ -175,8 +161,9 @@ class WorkerGroup {
   StdSpec redirects_;
   StdSpec tee_;
   std::optional<RunLogDir> log_dir_;
-  std::vector<Standby> standby_;  // by local rank; empty without --standby
-  int activated_ = 0;              // workers of the current start() taken over from standbys
+  StandbyPool standby_;   // empty without standby workers
+  int activated_ = 0;     // workers of the current start() taken over from standbys
+  bool memory_warned_ = false;  // said once why no standby is kept
   std::function<bool()> hook_;
   std::chrono::milliseconds hook_interval_{100};
 };

@@ -2,6 +2,8 @@
 
 #include <signal.h>
 
+#include <sstream>
+
 namespace tandem::launcher {
 
 std::string signal_name(int signo) {
@@ -30,6 +32,12 @@ std::string describe(const WorkerExit& exit) {
            ")";
   }
   return "exited with code " + std::to_string(exit.code);
+}
+
+std::string seconds_text(double seconds) {
+  std::ostringstream text;
+  text << seconds << " s";
+  return text.str();
 }
 
 }  // namespace tandem::launcher

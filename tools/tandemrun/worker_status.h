@@ -1,4 +1,4 @@
-// How a worker process ended, and how tandemrun words it.
+// How a worker process ended, and how tandemrun words it (exits, signals, durations).
 #pragma once
 
 #include <string>
@@ -17,5 +17,8 @@ std::string signal_name(int signo);
 
 // "exited with code 3" / "was killed by signal 9 (SIGKILL)".
 std::string describe(const WorkerExit& exit);
+
+// "1.5 s" (shortest form of the number).
+std::string seconds_text(double seconds);
 
 }  // namespace tandem::launcher

@@ -3,6 +3,9 @@
 // Every error tandem raises derives from tandem::Error (itself a std::runtime_error), so
 // `catch (const tandem::Error&)` catches all of them. Messages follow one rule: say what happened,
 // the value seen, and what to do about it.
+// Ownership: plain exception values that own their message (copyable).
+// Thread-safety: immutable once constructed; readable from any thread.
+// Errors: none of its own; every other header names which of these it throws.
 #pragma once
 
 #include <stdexcept>

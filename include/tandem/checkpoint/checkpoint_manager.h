@@ -38,16 +38,24 @@
 // optimizer type, sharded state at another world size) makes resume() throw CheckpointError on
 // every rank instead of silently falling back.
 //
+// Ownership: the manager refers to registered modules, optimizers, generators and callbacks
+// without owning them (they must outlive it), except add_module(shared_ptr) and add(), which share
+// ownership. It owns its staging buffers, its private communicator and its writer thread.
 // Thread-safety: one thread drives the manager (register, save, resume, wait); the writer thread
-// is internal. Construction with a communicator of size > 1 is collective (every rank constructs
-// its manager at the same point), and so are save(), maybe_save() that saves, and resume().
+// (a SerialExecutor) is internal. Construction with a communicator of size > 1 is collective (every
+// rank constructs its manager at the same point), and so are save(), maybe_save() that saves, and
+// resume().
+// Errors: CheckpointError for invalid options or registrations, a save that was not committed (on
+// every rank, saying which rank failed and why; the previous checkpoint stays the newest valid
+// one), and a checkpoint that does not fit the registered state. Damaged checkpoints are skipped
+// with a warning, never an error.
 #pragma once
 
 #include <tandem/base/file_system.h>
+#include <tandem/checkpoint/checkpointable.h>
 #include <tandem/checkpoint/format.h>
 
 #include <ATen/core/Generator.h>
-#include <ATen/core/Tensor.h>
 
 #include <chrono>
 #include <cstdint>
@@ -71,30 +79,6 @@ class Optimizer;
 namespace tandem {
 
 class Communicator;
-
-// Named tensors and values of one registered state, in a stable order.
-struct StateDict {
-  std::vector<std::pair<std::string, at::Tensor>> tensors;
-  std::map<std::string, CheckpointValue> values;
-
-  const at::Tensor* find_tensor(const std::string& key) const;
-  const CheckpointValue* find_value(const std::string& key) const;
-};
-
-// Anything that can be saved and restored. Implement it for state the built-in kinds do not cover.
-class Checkpointable {
- public:
-  virtual ~Checkpointable() = default;
-  // Recorded in the manifest; a checkpoint only loads into a state of the same kind.
-  virtual std::string kind() const = 0;
-  // The current state. Tensors may be on any device (they are copied to host).
-  virtual StateDict state_dict() = 0;
-  // Empty when `loaded` fits this object; otherwise why not (resume() then throws). Must not
-  // modify anything.
-  virtual std::string check(const StateDict& loaded) = 0;
-  // Restores a checked state (tensors are freshly loaded host tensors the object may keep).
-  virtual void load(const StateDict& loaded) = 0;
-};
 
 // What resume() does with sharded state saved at another world size.
 enum class ReshardPolicy {
@@ -196,9 +180,5 @@ class CheckpointManager {
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
-
-// Conversions between torch and checkpoint dtypes (CheckpointError for unsupported types).
-DType to_checkpoint_dtype(at::ScalarType type);
-at::ScalarType to_scalar_type(DType dtype);
 
 }  // namespace tandem

@@ -18,6 +18,11 @@
 //
 // This header and its implementation include no torch headers. Every parser here is strict and
 // bounds-checked (hostile input throws CheckpointError, never reads out of bounds) and is fuzzed.
+// Ownership: plain values (ShardHeader and Manifest own their records); an Xxh3Stream owns its
+// XXH3 state.
+// Thread-safety: the free functions are reentrant; one Xxh3Stream is used by one thread at a time.
+// Errors: parsers and encoders throw CheckpointError saying what is wrong and where (the byte
+// offset of malformed JSON, the member of a wrong value, the tensor of a bad offset).
 #pragma once
 
 #include <cstddef>
@@ -94,7 +99,14 @@ ShardHeader parse_shard_header(std::string_view json, uint64_t file_size);
 enum class Sharding {
   kReplicated,  // identical on every rank (plain data parallel): written once, by rank 0
   kSharded,     // each rank's own: every rank writes its part to its own file
+  kSliced,      // pieces of global tensors ("<global>#<begin>-<end>", see slice_key): every rank
+                // writes its pieces to its own file; any world size reads back the pieces it needs
 };
+
+// The key of a slice: elements [begin, end) of the flattened global tensor `global`.
+std::string slice_key(const std::string& global, int64_t begin, int64_t end);
+// Splits a slice key; false when `key` is not one (no '#', or a malformed range).
+bool parse_slice_key(const std::string& key, std::string* global, int64_t* begin, int64_t* end);
 const char* sharding_name(Sharding s);
 
 struct ManifestState {

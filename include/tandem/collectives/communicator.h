@@ -19,8 +19,13 @@
 // fails at once with CommError carrying the first failure. Create a new one to continue (the
 // fault-tolerant launcher restarts the whole group instead).
 //
+// Ownership: communicators are shared (std::shared_ptr); a sub-group from new_group()/split() is a
+// communicator of its own, independent of its parent's lifetime. Work handles are shared; the
+// caller owns the tensors and keeps them alive and untouched until wait() returned.
 // Thread-safety: all methods may be called from any thread; issue order is the order in which
 // calls entered the communicator. A Work handle is used by one thread at a time.
+// Errors: CommError from the call for bad arguments (wrong device, dtype, size, rank or tag), and
+// from wait() or any later op after a peer failed; TimeoutError from wait() past its timeout.
 #pragma once
 
 #include <ATen/core/Tensor.h>

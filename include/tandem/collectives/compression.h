@@ -19,6 +19,11 @@
 //             feedback (EF-signSGD, Karimireddy et al. 2019)
 //   any of them +fp16 / +bf16 (make_cast_codec, or parameter wire=fp16): every floating tensor the
 //             codec sends travels in that precision (e.g. PowerSGD's P and Q factors)
+//   auto      average or bf16 (or fp16), whichever this communicator's link makes faster: at its
+//             first bucket it times a 4 MiB all-reduce both ways, the fastest of 5 (collective:
+//             every rank must reach it), takes the slowest rank's times and rank 0's verdict,
+//             prints it on rank 0, and reports it in name() ("auto(bf16)", "auto(average)").
+//             A timing decides, so the choice (and the bits) can differ between runs.
 //
 // Determinism: every rank decodes the same bits (sums run in one order on every rank); the same
 // seed, world size and bucket plan give the same bits run after run.
@@ -26,6 +31,9 @@
 // by parameter index; state() names them "<codec>/<kind>/<param index>" and "<codec>/step".
 // Stage threads: compressing codecs run each bucket's stages (encode, collectives, decode) on a
 // thread of their own, in bucket order, so backward goes on meanwhile.
+// Ownership: every factory call returns a new codec (shared_ptr) that serves one
+// DistributedDataParallel: its state belongs to that model. A cast wrapper owns the codec it wraps.
+// Thread-safety: the factories are reentrant; a codec is used as grad_codec.h says.
 // Errors: unknown codec names, unknown parameters and out-of-range values throw ConfigError
 // naming the codec, the parameter, the value and what is allowed.
 #pragma once
@@ -62,6 +70,13 @@ struct SignOptions {
   bool error_feedback = true;
 };
 
+struct AutoOptions {
+  at::ScalarType wire = at::kBFloat16;  // the cast it may choose: at::kBFloat16 or at::kHalf
+  // Cast only if the plain all-reduce of the probe takes at least this many times as long as
+  // the cast one (0: always cast).
+  double min_speedup = 1.25;
+};
+
 std::shared_ptr<GradCodec> make_powersgd_codec(PowerSgdOptions options = {});
 std::shared_ptr<GradCodec> make_topk_codec(TopKOptions options = {});
 std::shared_ptr<GradCodec> make_sign_codec(SignOptions options = {});
@@ -69,13 +84,15 @@ std::shared_ptr<GradCodec> make_sign_codec(SignOptions options = {});
 // and traffic are the inner codec's ("powersgd+fp16"; the cast average is named "fp16"/"bf16").
 std::shared_ptr<GradCodec> make_cast_codec(at::ScalarType wire_dtype,
                                            std::shared_ptr<GradCodec> inner = make_average_codec());
+std::shared_ptr<GradCodec> make_auto_codec(AutoOptions options = {});
 
 // By name, with parameters as strings (what configs hold):
 //   "average" | "fp16" | "bf16" (no parameters)
 //   "powersgd": rank, start_iter, min_compression_rate, error_feedback, warm_start, seed
 //   "topk": ratio, error_feedback, warmup_steps
 //   "sign": error_feedback
-//   every codec also takes wire = fp32 | fp16 | bf16 (the cast wrapper above).
+//   "auto": min_speedup; its wire (fp16 | bf16, default bf16) is the cast it may choose
+//   every other codec also takes wire = fp32 | fp16 | bf16 (the cast wrapper above).
 // Booleans are true/false/1/0.
 std::shared_ptr<GradCodec> make_codec(const std::string& name,
                                       const std::map<std::string, std::string>& params = {});

@@ -21,9 +21,14 @@
 // abort() behave as on TCP.
 //
 // Ownership: the store is shared with the caller; the communicator owns its TCP connections, its
-// shared-memory segment (if any) and one op thread ("tandem-gloo"), joined by the destructor
-// after the queued ops ran (a destructor racing a hung peer may block up to the op timeout; call
-// abort() first to return at once).
+// shared-memory segment (if any) and one op thread ("tandem-gloo", started by the first
+// collective), joined by the destructor after the queued ops ran (a destructor racing a hung peer
+// may block up to the op timeout; call abort() first to return at once).
+// Thread-safety: as communicator.h says; collectives run on the op thread in issue order, sends
+// and receives are posted on the caller's thread.
+// Errors: connect_gloo() throws ConfigError for a rank outside [0, size) or a null store,
+// CommError when no TCP device opens on the given hostname/interface or the ranks cannot connect,
+// TimeoutError when a rank never arrives; ops fail as communicator.h says.
 #pragma once
 
 #include <tandem/collectives/communicator.h>

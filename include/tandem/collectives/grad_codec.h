@@ -15,10 +15,17 @@
 // Ready-made codecs (fp16/bf16, PowerSGD, top-k, sign, and a cast wrapper around any of them):
 // tandem/collectives/compression.h.
 //
+// Ownership: the Reducer shares its codec; a codec owns its state tensors and, for compressing
+// codecs, one stage thread ("tandem-codec") joined when the codec is destroyed. The bucket belongs
+// to the Reducer and stays untouched by it until the Work completed.
 // Thread-safety: reduce() is called from the autograd thread (or the forward thread for unused
 // parameters), one bucket at a time, in bucket order, identically on every rank. Codecs that run
 // stages on a thread of their own keep their state to that thread; state()/load_state() must not
 // run while a backward is in flight.
+// Errors: reduce() throws ConfigError when one codec instance is used with two communicators;
+// load_state() throws ConfigError for names or shapes it does not know; communication failures
+// come from the Work's wait() (CommError, TimeoutError; a compressing codec's Work times out
+// after four communicator timeouts and then aborts the communicator).
 #pragma once
 
 #include <tandem/collectives/communicator.h>

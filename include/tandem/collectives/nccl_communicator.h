@@ -9,8 +9,15 @@
 // (ncclCommAbort) and throws TimeoutError, so a hung peer never hangs the caller.
 //
 // Differences from Gloo: send/recv match per peer in posting order; `tag` must be 0 (NCCL has no
-// tags). int16 is not supported. Sub-groups use ncclCommSplit. Thread-safety as in
-// communicator.h.
+// tags). int16 is not supported. Sub-groups use ncclCommSplit.
+//
+// Ownership: shares the store; owns the NCCL communicator and its private stream (destroyed with
+// it); a Work owns its completion event.
+// Thread-safety: as in communicator.h.
+// Errors: connect_nccl() throws ConfigError for a bad rank or CUDA device, TimeoutError when
+// rank 0's unique id never arrives, CommError when CUDA or NCCL fail; ops throw CommError for
+// tensors off the device, unsupported dtypes or a non-zero tag, and fail as communicator.h says
+// (TimeoutError past the timeout, after aborting the NCCL communicator).
 #pragma once
 
 #include <tandem/collectives/communicator.h>

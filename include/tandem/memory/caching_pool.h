@@ -13,6 +13,13 @@
 //    tandem::OutOfMemoryError explains the state of the pool and what to try;
 //  - small blocks freed by a thread are parked in that thread's private cache and handed back to
 //    the same thread without taking the pool lock (the fast path).
+//
+// Ownership: the pool refers to its upstream (which must outlive it) and owns the segments it
+// cached; allocations belong to the caller until deallocated.
+// Thread-safety: every member may be called from any thread (see CachingPool below).
+// Errors: construction throws ConfigError for inconsistent options; allocate() throws
+// OutOfMemoryError (after one release-and-retry) describing the pool and what to try, and
+// ConfigError for an alignment that is not a power of two.
 #pragma once
 
 #include <cstddef>

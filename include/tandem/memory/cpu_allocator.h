@@ -1,5 +1,12 @@
 // libtorch integration: route every CPU tensor allocation through a tandem MemoryResource.
 // This header includes no torch headers; the adapter lives in the tandem library.
+//
+// Ownership: an installed resource is kept alive for the rest of the process (tensors may outlive
+// any owner); install_host_cpu_allocator() shares its stack with the caller.
+// Thread-safety: every function may be called from any thread.
+// Errors: allocations through libtorch throw what the resource throws (OutOfMemoryError);
+// install_host_cpu_allocator() throws ConfigError for invalid options; the other functions report
+// failure through their return value.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,12 @@
 // CUDA backends: device memory (cudaMalloc) and pinned host memory (cudaHostAlloc).
 // Available when tandem is built with CUDA (TANDEM_HAVE_CUDA_MEMORY defined); they only need the
 // CUDA runtime, not a CUDA build of libtorch.
+//
+// Ownership: a backend owns nothing but its counters; allocations belong to the caller until
+// deallocated. The extern "C" entry points own one pool per device for the process's lifetime.
+// Thread-safety: every backend and entry point may be called from any thread.
+// Errors: OutOfMemoryError with the CUDA error and free/total memory when the driver refuses;
+// ConfigError for unsupported alignments or device indices.
 #pragma once
 
 #include <atomic>

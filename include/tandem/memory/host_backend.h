@@ -1,5 +1,10 @@
 // HostBackend: the bottom of a host-memory stack. Large requests are mmap'd (so freeing them
 // returns memory to the OS at once), small ones come from posix_memalign.
+//
+// Ownership: owns nothing but its counters; allocations belong to the caller until deallocated.
+// Thread-safety: any thread (atomic counters only).
+// Errors: OutOfMemoryError naming the size and errno when mmap/posix_memalign fails; ConfigError
+// for an alignment that is not a power of two.
 #pragma once
 
 #include <atomic>

@@ -1,6 +1,11 @@
 // HostMemoryStack: the ready-made host allocator stack
 //   [TrackingResource] -> [StatisticsResource] -> CachingPool -> [LimitingResource] -> HostBackend
 // owning every layer in the right order.
+//
+// Ownership: the stack owns every layer; destroy it only after every allocation is freed.
+// Thread-safety: as its layers: every member may be called from any thread.
+// Errors: construction throws ConfigError for invalid pool options; allocations throw what the
+// layers throw (OutOfMemoryError, ConfigError).
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,10 @@
 // LeakDetector: finds allocation sites whose live bytes grow steadily across training steps.
+//
+// Ownership: the detector refers to its TrackingResource, which must outlive it; reports are
+// values.
+// Thread-safety: mark_step() and reports() may be called from any thread (serialised by a mutex).
+// Errors: none of its own; the on_leak callback runs inside mark_step() and what it throws
+// propagates from there.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,8 @@
 // LimitingResource: caps the bytes outstanding through it.
+//
+// Ownership: refers to its upstream (which must outlive it); owns only its counter.
+// Thread-safety: any thread, lock-free.
+// Errors: OutOfMemoryError when an allocation would exceed the cap (naming the cap and the use).
 #pragma once
 
 #include <atomic>

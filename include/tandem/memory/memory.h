@@ -1,4 +1,7 @@
 // Umbrella header of tandem's caching allocator (no torch headers; see docs/memory.md).
+// Ownership: see each included header (this one declares nothing).
+// Thread-safety: see each included header.
+// Errors: see each included header.
 #pragma once
 
 #include <tandem/memory/caching_pool.h>

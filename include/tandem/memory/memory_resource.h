@@ -4,6 +4,12 @@
 // hooks, so layers compose by wrapping one upstream resource:
 //   TrackingResource(StatisticsResource(CachingPool(HostBackend)))
 // The public functions validate arguments once; layers only implement policy.
+//
+// Ownership: a layer refers to its upstream, never owns it (HostMemoryStack owns a whole stack);
+// allocations belong to the caller until deallocated.
+// Thread-safety: see "Thread-safety" on MemoryResource below.
+// Errors: allocate() throws OutOfMemoryError when memory cannot be had and ConfigError for an
+// unsupported alignment; deallocate() never throws.
 #pragma once
 
 #include <cstddef>

@@ -1,4 +1,8 @@
 // Allocator statistics, modelled on PyTorch's torch.cuda.memory_stats().
+//
+// Ownership: plain values.
+// Thread-safety: values; the formatting functions are reentrant.
+// Errors: none (the functions do not throw, except std::bad_alloc).
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,11 @@
 // Snapshot of an allocator stack: every segment and block, the allocation sites tracking knows,
 // a memory-over-time timeline and the statistics. Written as JSON (format documented in
 // docs/memory.md) and drawn by tools/memory_snapshot_render.py.
+//
+// Ownership: a Snapshot is a value that owns copies of everything it lists.
+// Thread-safety: take_snapshot() may run while other threads allocate (each layer is consistent
+// on its own); the JSON functions are reentrant.
+// Errors: write_snapshot_json() throws tandem::Error when the file cannot be written.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,8 @@
 // Stack capture and symbolisation for allocation sites (libc backtrace + dladdr; no DWARF).
+//
+// Ownership: returns values; symbolize() keeps a process-wide cache of the strings it made.
+// Thread-safety: every function may be called from any thread.
+// Errors: none; an address that cannot be symbolised is printed as a number.
 #pragma once
 
 #include <cstddef>

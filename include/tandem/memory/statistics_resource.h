@@ -1,4 +1,8 @@
 // StatisticsResource: counts what callers request, for any upstream.
+//
+// Ownership: refers to its upstream (which must outlive it).
+// Thread-safety: any thread, lock-free.
+// Errors: none of its own; allocate() throws what the upstream throws.
 #pragma once
 
 #include <atomic>

@@ -1,6 +1,11 @@
 // TrackingResource: one record per live allocation (size, step, time, optional stack), grouped
 // by allocation site; the data behind the leak detector, the shutdown report and the
 // step/stack annotations of snapshots.
+//
+// Ownership: refers to its upstream (which must outlive it); owns its records, sites and timeline.
+// Thread-safety: every member may be called from any thread (see TrackingResource below).
+// Errors: none of its own; allocate() throws what the upstream throws, or std::bad_alloc when the
+// record cannot be stored (the memory is given back first).
 #pragma once
 
 #include <atomic>

@@ -34,7 +34,7 @@
 // default generator; if other threads draw random numbers concurrently, pass
 // `preserve_rng_state = false` or seed per thread with explicit generators.
 //
-// Errors (ActivationCheckpointError, a tandem::Error): backward through a checkpoint a second
+// Errors: ActivationCheckpointError (a tandem::Error) for backward through a checkpoint a second
 // time after its saved inputs were released (retain_graph = false; with retain_graph = true a
 // second backward recomputes and works); an input modified in place between forward and
 // backward; recomputed outputs differing from the first forward (count, shape, dtype, device;

@@ -6,14 +6,18 @@
 //                         < --set ddp.bucket_cap_mb=10
 //
 // Config is a plain value made of the components' own option structs (no parallel structs): the
-// key registry (config/options_registry.h) says which key sets which member. Loading validates
+// key registry (tandem/runtime/config_keys.h) says which key sets which member. Loading validates
 // every value before anything starts; all problems of one load are reported together in one
 // InvalidConfigError (a ConfigError) whose message names, per problem, the source
 // (file:line:column, "--set k=v" or the variable), the key, the value, what is allowed and, for a
 // misspelt key or choice, the closest valid one.
-// Thread-safety: load functions are reentrant; a Config is a value, except that copies share
-// ddp.codec (stateful, built once by load_config): a second DistributedDataParallel needs
-// make_codec().
+// Ownership: a Config is a value owned by its holder, except that copies share ddp.codec (a
+// shared_ptr, stateful, built once by load_config): a second DistributedDataParallel needs
+// make_codec(). load_config reads the files it is given and keeps nothing open.
+// Thread-safety: load functions are reentrant; a Config may be read from several threads.
+// Errors: load_config() throws InvalidConfigError listing every problem; take_config_args()
+// throws InvalidConfigError for a flag without its value; make_codec() throws ConfigError for a
+// codec/wire combination that does not exist.
 #pragma once
 
 #include <tandem/base/errors.h>
@@ -27,6 +31,7 @@
 #include <tandem/runtime/init.h>
 #include <tandem/runtime/metrics.h>
 #include <tandem/runtime/pipeline_parallel.h>
+#include <tandem/runtime/sharded_data_parallel.h>
 
 #include <cstdint>
 #include <map>
@@ -39,8 +44,9 @@ namespace tandem {
 // Gradient compression: which codec DistributedDataParallel uses and each codec's parameters. Only
 // the chosen codec's section matters.
 struct CompressionConfig {
-  std::string codec = "average";  // average | fp16 | bf16 | powersgd | topk | sign
+  std::string codec = "average";  // average | fp16 | bf16 | auto | powersgd | topk | sign
   std::string wire = "fp32";      // fp32 | fp16 | bf16: precision the codec's tensors travel in
+  AutoOptions automatic;          // compression.auto.*
   PowerSgdOptions powersgd;
   TopKOptions topk;
   SignOptions sign;
@@ -66,6 +72,7 @@ struct TrainOptions {
 struct Config {
   InitOptions comm;  // comm.env is the launcher's (DistEnv), not config
   DistributedDataParallelOptions ddp;  // ddp.codec is built from `compression` by the loader
+  ShardingOptions sharding;            // stage 0: DistributedDataParallel; 1-3: ShardedDataParallel
   CompressionConfig compression;
   PipelineOptions pipeline;
   ActivationCheckpointOptions activation;

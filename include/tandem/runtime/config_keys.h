@@ -7,7 +7,10 @@
 // (TANDEM_TIMEOUT_S, TANDEM_SHM, TANDEM_GLOO_HOSTNAME, TANDEM_GLOO_IFNAME). A TANDEM_ variable
 // whose name starts with a section (TANDEM_DDP_, TANDEM_COMM_, ...) but names no key is an error;
 // other TANDEM_ variables (TANDEM_HEARTBEAT_FILE, test switches) are not config and are ignored.
-// Thread-safety: the registry is immutable after first use; all functions are reentrant.
+// Ownership: the registry is built once, owned by the library and lives for the process; returned
+// references into it stay valid. Thread-safety: immutable after first use; all functions are
+// reentrant. Errors: config_value() throws ConfigError for a key that does not exist (with the
+// closest key as a hint); the printers throw nothing.
 #pragma once
 
 #include <tandem/runtime/config.h>

@@ -11,7 +11,7 @@
 // Construction order: config loaded and validated (nothing connects before that), then
 // tandem::init(config.comm) (collective: every rank constructs its Context), then, with
 // allocator.install, tandem's host stack becomes libtorch's CPU allocator until the Context dies;
-// with trace.enabled the timeline recorder starts (tandem/runtime/trace.h) and the Context's
+// with trace.enabled the timeline recorder starts (tandem/base/trace.h) and the Context's
 // destructor writes <trace.dir>/rank<R>.json, also when the program failed.
 // Ownership: the Context owns the Distributed (store + world communicator) and the allocator stack.
 // Thread-safety: const accessors may be called from any thread; not copyable or movable.

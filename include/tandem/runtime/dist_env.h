@@ -13,7 +13,8 @@
 // Errors: from_env() throws ConfigError naming the variable, the value seen and the fix, for
 // non-numeric values, RANK >= WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, ports out of range, or
 // MASTER_ADDR/MASTER_PORT missing in a world larger than one. It never opens a connection.
-// Thread-safety: a plain value type.
+// Ownership: DistEnv is a plain value; from_env() copies what it reads and calls the lookup only
+// during the call. Thread-safety: a plain value type; from_env() is reentrant when the lookup is.
 #pragma once
 
 #include <functional>

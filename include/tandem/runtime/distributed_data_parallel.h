@@ -10,11 +10,15 @@
 // mismatch. Then rank 0's parameters and buffers are broadcast (coalesced per dtype), so all
 // replicas start identical. Each forward first broadcasts buffers (broadcast_buffers) and checks
 // that the previous reduction finished; each backward after a forward in grad mode averages the
-// gradients (see collectives/reducer.h for bucketing, overlap and unused parameters).
+// gradients (see tandem/runtime/reducer.h for bucketing, overlap and unused parameters).
 // `no_sync()` returns a guard under which forwards/backwards only accumulate; the next
 // synchronised backward reduces the accumulated gradients.
 //
-// Ownership: shares the module and communicator. Thread-safety: one training thread.
+// Ownership: shares the module, the communicator and the codec; owns its Reducer (buckets, hooks).
+// Thread-safety: one training thread.
+// Errors: ConfigError at construction (ranks with different models, bad options); tandem::Error
+// from a forward when the previous backward's reduction never finished (a parameter got no
+// gradient; see find_unused_parameters); CommError/TimeoutError from the communicator.
 // Determinism: with the same seed and world size every rank holds bitwise-identical parameters
 // after every step (the all-reduce gives every rank the same bits).
 #pragma once

@@ -2,10 +2,14 @@
 //
 // Rank 0 hosts a c10d::TCPStore at MASTER_ADDR:MASTER_PORT, every rank connects to it, and the
 // ranks rendezvous into a Gloo communicator (a world of one uses an in-process HashStore and
-// opens no port). Errors: ConfigError for a bad environment (before any connection) and for a
-// port already in use on rank 0; TimeoutError when rank 0's store cannot be reached or a rank never
-// arrives within `timeout`. The returned object owns the store and communicator; destroy the
+// opens no port).
+// Ownership: the returned Distributed owns the store and the world communicator; destroy the
 // communicator before the store's host (rank 0) exits if peers still use it.
+// Thread-safety: init() is called once per process, from one thread; the communicator is then
+// thread-safe as communicator.h says.
+// Errors: ConfigError for a bad environment (before any connection) and for a port already in
+// use on rank 0; TimeoutError when rank 0's store cannot be reached or a rank never arrives
+// within `timeout`.
 #pragma once
 
 #include <tandem/collectives/communicator.h>

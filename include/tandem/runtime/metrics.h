@@ -15,7 +15,10 @@
 // Other ranks print and write nothing.
 //
 // Determinism: the text and the JSON depend only on the arguments and the injected sources
-// (clock, peak memory, overlap), so tests pin them. Thread-safety: one training thread.
+// (clock, peak memory, overlap), so tests pin them.
+// Ownership: the logger owns its metrics file (rank 0; closed by the destructor); track_overlap()
+// keeps a pointer to the Reducer, which must outlive the logger. Thread-safety: one training
+// thread.
 // Errors: the constructor throws ConfigError when metrics.file cannot be opened for appending,
 // or log_every < 0.
 #pragma once

@@ -29,7 +29,7 @@
 // stage's gradients are averaged over its data-parallel group (one all-reduce per dtype), and at
 // construction its parameters and buffers are broadcast from data-parallel rank 0.
 //
-// Errors (ConfigError, the same on every rank, never a hang): ranks disagree on the schedule
+// Errors: ConfigError, the same on every rank, never a hang, when ranks disagree on the schedule
 // (fingerprint), microbatch count, stage count, layer count or balance; the schedule cannot be
 // built (e.g. 1F1B with fewer microbatches than stages) or fails validate(); fewer samples than
 // microbatches; a schedule whose ranks or stages do not fit the group. Communication failures are
@@ -126,7 +126,8 @@ class PipelineParallel {
   // backward at once (from F to the microbatch's B, or W), per local stage.
   std::vector<int64_t> peak_activation_bytes() const;
   // Collective: mean measured seconds per stage of F, I, W and B since reset_stats() (stages that
-  // ran no I/W get I = B and W = 0, those with no B get B = I + W).
+  // ran no I/W get I = B and W = 0, those with no B get B = I + W). The transfer terms (comm) are
+  // left at zero: fit them with pipeline::measured_comm_costs on gather_timeline() of each step.
   pipeline::Costs measured_costs();
   // Collective: the last step's bubble per pipeline rank: 1 - busy / (step wall time), each rank
   // on its own clock from the step's synchronised start until its last action and sends are done.

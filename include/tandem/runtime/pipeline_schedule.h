@@ -18,8 +18,10 @@
 //
 // Errors: builders throw ConfigError for impossible parameters (what was asked and what would
 // work); validate() throws ScheduleError whose message prints the step x rank grid with the
-// failing step marked; parse_schedule() throws ScheduleError naming the line.
-// Thread-safety: plain values; all functions are reentrant.
+// failing step marked; parse_schedule() throws ScheduleError naming the line; the file functions
+// throw ConfigError for a file they cannot read or write.
+// Ownership: schedules are plain values the caller owns; the file functions open and close their
+// file within the call. Thread-safety: plain values; all functions are reentrant.
 #pragma once
 
 #include <tandem/base/errors.h>

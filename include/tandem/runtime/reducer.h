@@ -17,13 +17,21 @@
 // accumulation, their accumulated) gradient, and a used-map is all-reduced so parameters unused
 // on every rank keep their `.grad` untouched (undefined if never set).
 //
-// Errors: a forward that starts while the previous iteration's reduction is unfinished throws
-// tandem::Error naming the buckets and parameters that never became ready. Thread-safety: hooks
-// may fire on autograd threads; the public methods are called from the training thread.
+// Bucket planning is its own unit (tandem/runtime/bucket_plan.h).
+//
+// Ownership: shares the parameters, the communicator and the codec; owns the buckets and the
+// grad-ready hooks, which hold the Reducer's state weakly (they do nothing once it is gone).
+// Errors: the constructor throws ConfigError for mismatched names, a null communicator,
+// non-positive caps or a parameter that is not a leaf requiring grad; a forward that starts
+// while the previous iteration's reduction is unfinished throws tandem::Error naming the buckets
+// and parameters that never became ready; load_bucket_plan() throws as its comment says.
+// Thread-safety: hooks may fire on autograd threads; the public methods are called from the
+// training thread.
 #pragma once
 
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/grad_codec.h>
+#include <tandem/runtime/bucket_plan.h>
 
 #include <memory>
 #include <string>
@@ -31,7 +39,9 @@
 
 namespace tandem {
 
+namespace detail {
 struct ReducerState;
+}
 
 struct ReducerOptions {
   double bucket_cap_mb = 25.0;
@@ -39,14 +49,6 @@ struct ReducerOptions {
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = true;
 };
-
-// Groups parameter indices (taken in `order`) into buckets of one dtype: a bucket closes once its
-// bytes reach the cap (first bucket of each dtype: `first_cap_bytes`). Buckets are ordered by the
-// position of their first parameter in `order`. Pure; exposed for tests and tools.
-std::vector<std::vector<int64_t>> plan_buckets(const std::vector<int64_t>& order,
-                                               const std::vector<at::ScalarType>& dtypes,
-                                               const std::vector<int64_t>& bytes,
-                                               int64_t first_cap_bytes, int64_t cap_bytes);
 
 class Reducer {
  public:
@@ -83,7 +85,7 @@ class Reducer {
   double last_wait_seconds() const;
 
  private:
-  std::shared_ptr<ReducerState> state_;  // shared (weakly) with the autograd hooks
+  std::shared_ptr<detail::ReducerState> state_;  // shared (weakly) with the autograd hooks
 };
 
 }  // namespace tandem

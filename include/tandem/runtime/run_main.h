@@ -16,6 +16,12 @@
 //
 // tandemrun sets that variable per worker and prints the message as the failure's root cause;
 // torchrun reads the same file. See docs/launcher.md.
+//
+// Ownership: run_main owns the fatal-signal handlers (and their alternate stack) for the duration
+// of the call; the error file is replaced atomically (written beside it, then renamed).
+// Thread-safety: call run_main once, from main(); heartbeat() is thread-safe.
+// Errors: run_main throws nothing: exceptions become exit code 1 (2 for configuration errors)
+// and an error file; heartbeat() throws nothing; write_error_file() returns false on failure.
 #pragma once
 
 #include <functional>

@@ -1,0 +1,141 @@
+// Saving: collecting and staging every registered state, and handing the write to the async
+// writer, a SerialExecutor (see include/tandem/checkpoint/checkpoint_manager.h).
+#include "checkpoint/checkpoint_manager_impl.h"
+
+#include <tandem/base/trace.h>
+
+#include "checkpoint/host_buffer.h"
+#include "checkpoint/training_state.h"
+
+#include <c10/core/ScalarType.h>
+
+#include <algorithm>
+#include <set>
+
+namespace tandem {
+
+using namespace detail;
+
+void CheckpointManager::Impl::wait_idle() { writer.drain(); }
+
+void CheckpointManager::Impl::rethrow_error() {
+  std::exception_ptr err;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    std::swap(err, error);
+  }
+  if (err) std::rethrow_exception(err);
+}
+
+std::vector<CheckpointManager::Impl::Entry> CheckpointManager::Impl::all_entries() {
+  std::vector<Entry> all = entries;
+  all.push_back({kUserState,
+                 detail::values_state([this] { return user_values; },
+                                      [this](const std::map<std::string, CheckpointValue>& v) { user_values = v; }),
+                 Sharding::kReplicated});
+  return all;
+}
+
+bool CheckpointManager::Impl::any_sharded() const {
+  return std::any_of(entries.begin(), entries.end(),
+                     [](const Entry& e) { return e.sharding != Sharding::kReplicated; });
+}
+
+std::unique_ptr<CheckpointManager::Impl::Job> CheckpointManager::Impl::collect(int64_t step) {
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->has_file = rank == 0 || any_sharded();
+  std::vector<CopyTask> copies;
+  std::vector<at::Tensor> copy_sources;
+  size_t staged = 0;
+  for (const Entry& e : all_entries()) {
+    job->states.push_back({e.name, e.state->kind(), e.sharding});
+    const bool mine = e.sharding != Sharding::kReplicated || rank == 0;
+    if (!mine) continue;
+    StateDict d = e.state->state_dict();
+    std::set<std::string> seen;
+    for (auto& [key, tensor] : d.tensors) {
+      const std::string full = e.name + "/" + key;
+      check_entry_name(full, "tensor name");
+      if (!seen.insert(key).second) {
+        throw CheckpointError("tandem: checkpoint: state \"" + e.name + "\" has two tensors named \"" +
+                              key + "\".");
+      }
+      if (!tensor.defined()) {
+        throw CheckpointError("tandem: checkpoint: tensor \"" + full + "\" is undefined.");
+      }
+      at::Tensor t = tensor.detach();
+      if (t.device().type() != c10::DeviceType::CPU) t = t.to(c10::Device(c10::DeviceType::CPU));
+      if (!t.is_contiguous()) t = t.contiguous();
+      TensorSource src;
+      src.name = full;
+      src.dtype = to_checkpoint_dtype(t.scalar_type());
+      src.shape = t.sizes().vec();
+      const size_t nbytes = t.numel() * t.element_size();
+      if (opts.async) {
+        if (staged >= staging.size()) staging.emplace_back();
+        at::Tensor& buf = staging[staged++];
+        if (!buf.defined() || static_cast<size_t>(buf.numel()) < nbytes) {
+          buf = host_buffer({static_cast<int64_t>(std::max<size_t>(nbytes, 1))}, at::kByte);
+        }
+        copies.push_back({buf.data_ptr(), t.data_ptr(), nbytes});
+        copy_sources.push_back(t);  // alive until the copy below ran
+        src.data = buf.data_ptr();
+        job->keepalive.push_back(buf);
+      } else {
+        src.data = t.data_ptr();
+        job->keepalive.push_back(t);
+      }
+      job->sources.push_back(std::move(src));
+    }
+    for (const auto& [key, v] : d.values) {
+      const std::string full = e.name + "/" + key;
+      check_entry_name(full, "value name");
+      job->values[full] = v;
+    }
+  }
+  if (!copies.empty()) copy_parallel(copies);
+  return job;
+}
+
+void CheckpointManager::Impl::save(int64_t step) {
+  const auto t0 = Clock::now();
+  if (step < 0) {
+    throw CheckpointError("tandem: checkpoint: save(" + std::to_string(step) +
+                          "): the step must be >= 0.");
+  }
+  wait_idle();  // at most one save in flight
+  rethrow_error();
+  std::shared_ptr<Job> job;
+  {
+    trace::Span span("checkpoint snapshot", trace::kCheckpoint);  // what blocks training
+    if (trace::enabled()) span.arg("step", step);
+    job = collect(step);
+  }
+  job->started = t0;
+  if (!opts.async) {
+    job->blocked_s = seconds_since(t0);  // refined below: everything blocks in sync mode
+    SaveStats s = run_job(*job);
+    s.blocked_s = seconds_since(t0);
+    std::lock_guard<std::mutex> lock(mu);
+    stats = s;
+    return;
+  }
+  job->blocked_s = seconds_since(t0);
+  // The task reports its own outcome; the executor drops it (and the staged tensors' references)
+  // before wait_idle() returns.
+  writer.submit([this, job] {
+    std::exception_ptr err;
+    SaveStats s;
+    try {
+      s = run_job(*job);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    if (err) error = err;
+    else stats = s;
+  });
+}
+
+}  // namespace tandem

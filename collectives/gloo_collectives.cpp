@@ -1,0 +1,210 @@
+// GlooCommunicator's collectives (all-reduce, broadcast, all-gather, reduce-scatter, barrier):
+// checked and numbered on the caller's thread, run on the op thread (gloo_communicator.cpp).
+#include "collectives/gloo_communicator.h"
+
+#include "collectives/reduce_kernels.h"
+#include "collectives/shm_allreduce.h"
+#include "collectives/tensor_checks.h"
+
+#include <tandem/base/errors.h>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/types.h>
+
+#include <type_traits>
+
+namespace tandem {
+
+namespace {
+
+using detail::contiguous_view;
+using detail::copy_back;
+
+// Slot prefix of tandem's own reduce-scatter; Gloo's collectives use 0x01..0x08.
+constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
+
+bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// Gloo's typed setters only use sizeof(T): pick an unsigned type of the element's width.
+template <class Setter>
+void with_element_type(size_t element_size, Setter&& set) {
+  switch (element_size) {
+    case 1: set(static_cast<uint8_t*>(nullptr)); break;
+    case 2: set(static_cast<uint16_t*>(nullptr)); break;
+    case 4: set(static_cast<uint32_t*>(nullptr)); break;
+    case 8: set(static_cast<uint64_t*>(nullptr)); break;
+    default: throw CommError("tandem: unsupported element size " + std::to_string(element_size));
+  }
+}
+
+template <class T>
+T* typed(const at::Tensor& t) {
+  return static_cast<T*>(t.data_ptr());
+}
+
+}  // namespace
+
+WorkPtr GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+  check_tensor(tensor, "allreduce", "tensor", c10::DeviceType::CPU, "gloo");
+  check_reduce_op(tensor, op, "allreduce");
+  auto d = describe("allreduce", std::string(to_string(op)) + ", " + tensor_summary(tensor));
+  const ReduceFn fn = reduce_kernel(tensor.scalar_type(), op);
+  const uint32_t tag = static_cast<uint32_t>(d.seq);
+  const uint64_t seq = d.seq;
+  return enqueue(std::move(d), [this, tensor, op, fn, tag, seq] {
+    if (tensor.numel() == 0) return;
+    at::Tensor buf = contiguous_view(tensor);
+    const size_t nbytes = buf.numel() * buf.element_size();
+    if (shm_) {
+      shm_->allreduce(buf, op, seq);  // divides for avg itself
+      copy_back(tensor, buf);
+      return;
+    }
+    if (size() > 1) {
+      gloo::AllreduceOptions opts(context_);
+      with_element_type(buf.element_size(), [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        opts.setOutput<T>(typed<T>(buf), buf.numel());
+      });
+      opts.setReduceFunction(fn);
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      const bool small = nbytes < options_.ring_threshold_bytes && is_power_of_two(size());
+      opts.setAlgorithm(small ? gloo::AllreduceOptions::Algorithm::BCUBE
+                              : gloo::AllreduceOptions::Algorithm::RING);
+      gloo::allreduce(opts);
+    }
+    if (op == ReduceOp::kAvg) buf.div_(size());
+    copy_back(tensor, buf);
+  });
+}
+
+WorkPtr GlooCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire,
+                                             int divisor) {
+  if (!shm_ || tensor.scalar_type() != at::kFloat || !tensor.is_cpu() || !tensor.is_contiguous() ||
+      (wire != at::kHalf && wire != at::kBFloat16)) {
+    return nullptr;
+  }
+  check_tensor(tensor, "allreduce", "tensor", c10::DeviceType::CPU, "gloo");
+  auto d = describe("allreduce", "sum, " + tensor_summary(tensor) + " travelling as " +
+                                     dtype_name(wire));
+  const uint64_t seq = d.seq;
+  return enqueue(std::move(d), [this, tensor, wire, divisor, seq] {
+    shm_->allreduce_narrowed(tensor, wire, static_cast<float>(divisor), seq);
+  });
+}
+
+WorkPtr GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
+  check_tensor(tensor, "broadcast", "tensor", c10::DeviceType::CPU, "gloo");
+  check_peer(root, size(), "broadcast", "root");
+  auto d = describe("broadcast", "root " + std::to_string(root) + ", " + tensor_summary(tensor));
+  const uint32_t tag = static_cast<uint32_t>(d.seq);
+  return enqueue(std::move(d), [this, tensor, root, tag] {
+    if (tensor.numel() == 0 || size() == 1) return;
+    at::Tensor buf = contiguous_view(tensor);
+    gloo::BroadcastOptions opts(context_);
+    with_element_type(buf.element_size(), [&](auto* type) {
+      using T = std::remove_pointer_t<decltype(type)>;
+      opts.setOutput<T>(typed<T>(buf), buf.numel());
+    });
+    opts.setRoot(root);
+    opts.setTag(tag);
+    opts.setTimeout(options_.timeout);
+    gloo::broadcast(opts);
+    if (rank_ != root) copy_back(tensor, buf);
+  });
+}
+
+WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+  check_tensor(output, "allgather", "output", c10::DeviceType::CPU, "gloo");
+  check_tensor(input, "allgather", "input", c10::DeviceType::CPU, "gloo");
+  check_scaled_numel(output, "output", input, "input", size(), "allgather");
+  auto d = describe("allgather", tensor_summary(input) + " per rank");
+  const uint32_t tag = static_cast<uint32_t>(d.seq);
+  return enqueue(std::move(d), [this, output, input, tag] {
+    if (input.numel() == 0) return;
+    at::Tensor in = contiguous_view(input);
+    at::Tensor out = contiguous_view(output);
+    if (size() == 1) {
+      out.view(in.sizes()).copy_(in);
+    } else {
+      gloo::AllgatherOptions opts(context_);
+      with_element_type(in.element_size(), [&](auto* type) {
+        using T = std::remove_pointer_t<decltype(type)>;
+        opts.setInput<T>(typed<T>(in), in.numel());
+        opts.setOutput<T>(typed<T>(out), out.numel());
+      });
+      opts.setTag(tag);
+      opts.setTimeout(options_.timeout);
+      gloo::allgather(opts);
+    }
+    copy_back(output, out);
+  });
+}
+
+WorkPtr GlooCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                         ReduceOp op) {
+  check_tensor(output, "reduce_scatter", "output", c10::DeviceType::CPU, "gloo");
+  check_tensor(input, "reduce_scatter", "input", c10::DeviceType::CPU, "gloo");
+  check_scaled_numel(input, "input", output, "output", size(), "reduce_scatter");
+  check_reduce_op(input, op, "reduce_scatter");
+  auto d = describe("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(input));
+  const uint32_t tag = static_cast<uint32_t>(d.seq);
+  return enqueue(std::move(d), [this, output, input, op, tag] {
+    if (output.numel() == 0) return;
+    // The ring reduces in place, so it works on a private copy of the input.
+    at::Tensor buf = input.reshape({-1}).clone();
+    at::Tensor out = contiguous_view(output);
+    ring_reduce_scatter(buf, out, op, tag);
+    if (op == ReduceOp::kAvg) out.div_(size());
+    copy_back(output, out);
+  });
+}
+
+void GlooCommunicator::ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, ReduceOp op,
+                                           uint32_t tag) {
+  const int p = size();
+  const int64_t n = out.numel();
+  const size_t chunk_bytes = static_cast<size_t>(n) * buffer.element_size();
+  char* base = static_cast<char*>(buffer.data_ptr());
+  if (p > 1) {
+    const ReduceFn fn = reduce_kernel(buffer.scalar_type(), op);
+    at::Tensor incoming = buffer.new_empty({n});
+    auto send_buf = context_->createUnboundBuffer(base, chunk_bytes * p);
+    auto recv_buf = context_->createUnboundBuffer(incoming.data_ptr(), chunk_bytes);
+    const int right = (rank_ + 1) % p;
+    const int left = (rank_ + p - 1) % p;
+    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+    auto chunk = [p](int c) { return ((c % p) + p) % p; };
+    // Step s: pass chunk (r-s-1) right, fold chunk (r-s-2) from the left into ours. After p-1
+    // steps chunk r holds the full reduction.
+    for (int s = 0; s < p - 1; ++s) {
+      const int send_chunk = chunk(rank_ - s - 1);
+      const int recv_chunk = chunk(rank_ - s - 2);
+      send_buf->send(right, slot, send_chunk * chunk_bytes, chunk_bytes);
+      recv_buf->recv(left, slot, 0, chunk_bytes);
+      if (!recv_buf->waitRecv(options_.timeout)) throw CommError("receive aborted");
+      char* dst = base + recv_chunk * chunk_bytes;
+      fn(dst, dst, incoming.data_ptr(), static_cast<size_t>(n));
+      if (!send_buf->waitSend(options_.timeout)) throw CommError("send aborted");
+    }
+  }
+  out.copy_(buffer.narrow(0, rank_ * n, n).view(out.sizes()));
+}
+
+WorkPtr GlooCommunicator::barrier() {
+  auto d = describe("barrier", "");
+  const uint32_t tag = static_cast<uint32_t>(d.seq);
+  return enqueue(std::move(d), [this, tag] {
+    if (size() == 1) return;
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(tag);
+    opts.setTimeout(options_.timeout);
+    gloo::barrier(opts);
+  });
+}
+
+}  // namespace tandem

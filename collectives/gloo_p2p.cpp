@@ -1,0 +1,125 @@
+// GlooCommunicator's send/recv: posted at once on the caller's thread (Gloo's unbound buffers),
+// completed by waiting on the Work.
+#include "collectives/gloo_communicator.h"
+
+#include "collectives/tensor_checks.h"
+
+#include <tandem/base/errors.h>
+
+#include <gloo/types.h>
+
+#include <algorithm>
+
+namespace tandem {
+
+namespace {
+
+using detail::contiguous_view;
+using detail::copy_back;
+
+// Slot prefix of tandem's point-to-point transfers; Gloo's collectives use 0x01..0x08.
+constexpr uint8_t kP2PSlotPrefix = 0x20;
+
+class GlooP2PWork : public Work {
+ public:
+  GlooP2PWork(std::shared_ptr<GlooP2PState> state, OpDescription description,
+              std::weak_ptr<GlooCommunicator> comm, std::chrono::milliseconds default_timeout)
+      : state_(std::move(state)),
+        description_(std::move(description)),
+        comm_(std::move(comm)),
+        default_timeout_(default_timeout) {}
+
+  void wait(std::chrono::milliseconds timeout) override {
+    if (state_->waited) {
+      if (state_->error) std::rethrow_exception(state_->error);
+      return;
+    }
+    if (timeout == kDefaultTimeout) timeout = default_timeout_;
+    try {
+      if (state_->buffer) {
+        const bool ok = state_->is_send ? state_->buffer->waitSend(timeout)
+                                        : state_->buffer->waitRecv(timeout);
+        if (!ok) throw CommError("the communicator was aborted");
+      }
+      if (!state_->is_send) copy_back(state_->target, state_->staging);
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      const bool timed_out = detail::looks_like_timeout(what);
+      const std::string msg =
+          "tandem: " + description_.str() + (timed_out ? " timed out" : " failed") + " after " +
+          format_elapsed(issued_at_) + ": " + what +
+          (timed_out ? ". The peer is hung or never posted the matching op (same tag, same size)."
+                     : ". The peer probably died; see its log.") +
+          " The communicator is now unusable.";
+      state_->error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
+                                : std::make_exception_ptr(CommError(msg));
+      state_->waited = true;
+      if (auto comm = comm_.lock()) comm->mark_broken(msg);
+      std::rethrow_exception(state_->error);
+    }
+    state_->waited = true;
+  }
+
+  bool is_completed() override { return state_->waited; }
+  std::string describe() const override { return description_.str(); }
+
+ private:
+  std::shared_ptr<GlooP2PState> state_;
+  OpDescription description_;
+  std::weak_ptr<GlooCommunicator> comm_;
+  std::chrono::milliseconds default_timeout_;
+  AsyncWork::Clock::time_point issued_at_ = AsyncWork::Clock::now();
+};
+
+}  // namespace
+
+WorkPtr GlooCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+  return post_p2p(tensor, dst, tag, /*is_send=*/true);
+}
+
+WorkPtr GlooCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
+  return post_p2p(tensor, src, tag, /*is_send=*/false);
+}
+
+WorkPtr GlooCommunicator::post_p2p(const at::Tensor& tensor, int peer, uint32_t tag,
+                                   bool is_send) {
+  const char* op = is_send ? "send" : "recv";
+  check_tensor(tensor, op, "tensor", c10::DeviceType::CPU, "gloo");
+  check_peer(peer, size(), op, is_send ? "dst" : "src");
+  if (peer == rank_) {
+    throw CommError(std::string("tandem: ") + op + " to/from this rank (" +
+                    std::to_string(rank_) + ") is not supported; copy the tensor locally.");
+  }
+  auto d = describe(op,
+                    tensor_summary(tensor) + (is_send ? ", to " : ", from ") +
+                        std::to_string(peer) + ", tag " + std::to_string(tag),
+                    /*p2p=*/true);
+  throw_if_broken(d);
+  auto state = std::make_shared<GlooP2PState>();
+  state->is_send = is_send;
+  state->target = tensor;
+  state->staging = is_send ? contiguous_view(tensor)
+                           : (tensor.is_contiguous() ? tensor : tensor.new_empty(tensor.sizes()));
+  const size_t nbytes = state->staging.numel() * state->staging.element_size();
+  {
+    // Posting under the lock makes the posting order the issue order.
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (nbytes > 0) {
+      state->buffer = context_->createUnboundBuffer(state->staging.data_ptr(), nbytes);
+      const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, tag);
+      if (is_send) {
+        state->buffer->send(peer, slot);
+      } else {
+        state->buffer->recv(peer, slot);
+      }
+    }
+    p2p_in_flight_.erase(std::remove_if(p2p_in_flight_.begin(), p2p_in_flight_.end(),
+                                        [](const auto& s) { return s->waited.load(); }),
+                         p2p_in_flight_.end());
+    p2p_in_flight_.push_back(state);
+  }
+  return std::make_shared<GlooP2PWork>(std::move(state), std::move(d), weak_from_this(),
+                                       options_.timeout);
+}
+
+}  // namespace tandem

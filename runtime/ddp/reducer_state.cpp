@@ -1,0 +1,229 @@
+// The Reducer's buckets and their launch as gradients arrive (runtime/ddp/reducer_state.h).
+#include "runtime/ddp/reducer_state.h"
+
+#include "collectives/async_work.h"
+
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
+
+#include <torch/csrc/autograd/engine.h>
+
+#include <ATen/ops/zeros.h>
+
+#include <algorithm>
+
+namespace tandem::detail {
+
+at::Tensor ReducerState::view(int64_t param) const {
+  const auto [b, slot] = location[param];
+  const GradBucket& g = buckets[b].grads;
+  // detach(): a plain tensor over the bucket's memory, not an autograd view, so optimizers may
+  // detach_()/zero_() it when it becomes `.grad` (gradient_as_bucket_view).
+  return g.buffer.narrow(0, g.offsets[slot], params[param].numel())
+      .view(params[param].sizes())
+      .detach();
+}
+
+void ReducerState::build(const BucketPlan& plan) {
+  buckets.clear();
+  location.assign(params.size(), {-1, -1});
+  for (size_t b = 0; b < plan.size(); ++b) {
+    Bucket bucket;
+    bucket.grads.index = static_cast<int64_t>(b);
+    int64_t total = 0;
+    for (int64_t p : plan[b]) {
+      bucket.grads.param_indices.push_back(p);
+      bucket.grads.offsets.push_back(total);
+      bucket.grads.shapes.push_back(params[p].sizes().vec());
+      location[p] = {static_cast<int64_t>(b), static_cast<int64_t>(bucket.grads.offsets.size() - 1)};
+      total += params[p].numel();
+    }
+    bucket.grads.buffer = at::zeros({total}, params[plan[b].front()].options().requires_grad(false));
+    buckets.push_back(std::move(bucket));
+  }
+  if (options.gradient_as_bucket_view) {
+    for (size_t p = 0; p < params.size(); ++p) {
+      at::Tensor& grad = params[p].mutable_grad();
+      at::Tensor v = view(static_cast<int64_t>(p));
+      if (grad.defined()) {
+        v.copy_(grad);
+        grad = v;
+      }
+    }
+  }
+}
+
+BucketPlan ReducerState::plan_for(const std::vector<int64_t>& order) const {
+  std::vector<at::ScalarType> dtypes;
+  std::vector<int64_t> bytes;
+  for (const auto& p : params) {
+    dtypes.push_back(p.scalar_type());
+    bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
+  }
+  return plan_buckets(order, dtypes, bytes,
+                      static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
+                      static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
+}
+
+// The bucket slot takes the parameter's current gradient (zeros when it has none).
+void ReducerState::copy_into_bucket(int64_t p) {
+  at::Tensor v = view(p);
+  at::Tensor& grad = params[p].mutable_grad();
+  if (!grad.defined()) {
+    v.zero_();
+  } else if (options.gradient_as_bucket_view) {
+    if (!grad.is_alias_of(v)) {
+      v.copy_(grad);
+      grad = v;
+    }
+  } else {
+    v.copy_(grad);
+  }
+}
+
+void ReducerState::mark_ready(int64_t p) {
+  ready[p] = 1;
+  Bucket& b = buckets[location[p].first];
+  if (--b.pending > 0) return;
+  while (next_launch < static_cast<int64_t>(buckets.size()) && buckets[next_launch].pending == 0) {
+    Bucket& next = buckets[next_launch++];
+    if (next_launch == 1) first_launch = ReducerClock::now();
+    next.grads.step = step;
+    next.launch_us = trace::enabled() ? trace::now_us() : 0;
+    next.work = codec->reduce(*comm, next.grads);
+  }
+}
+
+void ReducerState::reset_iteration() {
+  ready.assign(params.size(), 0);
+  for (auto& b : buckets) {
+    b.pending = static_cast<int64_t>(b.grads.param_indices.size());
+    b.work.reset();
+  }
+  next_launch = 0;
+  callback_queued = false;
+  deferred_unused.clear();
+  used_work.reset();
+}
+
+void ReducerState::on_grad_ready(int64_t p) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (mode == Mode::kAccumulating) {
+    locally_used[p] = 1;
+    return;
+  }
+  if (mode == Mode::kFinalized) {
+    throw Error("tandem: DistributedDataParallel: parameter '" + names[p] +
+                "' received a gradient after the synchronised backward of its forward had "
+                "finished: backward ran twice through one forward (retain_graph). Its "
+                "gradient would not be averaged; run one backward per forward.");
+  }
+  if (mode != Mode::kSynchronizing) return;  // a backward DistributedDataParallel did not arm
+  if (ready[p]) {
+    throw Error("tandem: DistributedDataParallel: parameter '" + names[p] +
+                "' received its gradient twice in one synchronised backward (backward run "
+                "twice through one forward, or a reentrant use of the parameter). Run one "
+                "backward per forward, or accumulate under no_sync().");
+  }
+  locally_used[p] = 1;
+  if (!callback_queued) {
+    callback_queued = true;
+    backward_begin_us = trace::enabled() ? trace::now_us() : 0;
+    std::weak_ptr<ReducerState> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto self = weak.lock()) self->finalize();
+    });
+  }
+  if (!rebuilt && step == 0) ready_order.push_back(p);
+  mark_deferred_ready();
+  copy_into_bucket(p);
+  mark_ready(p);
+}
+
+// Timeline: backward compute (first hook -> all buckets launched), the wait for the reduces,
+// and each bucket's reduce from launch to completion as an async span.
+void ReducerState::trace_backward(ReducerClock::time_point wait_start,
+                                  ReducerClock::time_point done) {
+  if (backward_begin_us != 0) {
+    trace::complete("backward", trace::kCompute, backward_begin_us, trace::to_us(wait_start),
+                    trace::Args().add("step", step));
+  }
+  trace::complete("reduce wait", trace::kWait, trace::to_us(wait_start), trace::to_us(done));
+  const std::string codec_name = codec->name();
+  for (const auto& b : buckets) {
+    if (b.launch_us == 0) continue;
+    auto* async = dynamic_cast<AsyncWork*>(b.work.get());
+    const int64_t end = async != nullptr ? trace::to_us(async->finished_at()) : trace::to_us(done);
+    const int64_t bytes = b.grads.buffer.numel() * static_cast<int64_t>(b.grads.buffer.element_size());
+    trace::async_span("bucket " + std::to_string(b.grads.index) + " reduce", trace::kComm,
+                      static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(b.grads.index),
+                      b.launch_us, end,
+                      trace::Args().add("bucket", b.grads.index).add("bytes", bytes)
+                          .add("codec", codec_name).add("step", step));
+  }
+}
+
+void ReducerState::finalize() {
+  std::vector<WorkPtr> works;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (mode != Mode::kSynchronizing) return;
+    if (next_launch < static_cast<int64_t>(buckets.size())) {
+      std::string bucket_list, param_list;
+      int listed = 0;
+      for (size_t b = next_launch; b < buckets.size(); ++b) {
+        if (buckets[b].pending == 0) continue;
+        bucket_list += (bucket_list.empty() ? "" : ", ") + std::to_string(b);
+        for (int64_t p : buckets[b].grads.param_indices) {
+          if (ready[p]) continue;
+          if (listed++ < 20) param_list += (param_list.empty() ? "" : ", ") + names[p];
+        }
+      }
+      if (listed > 20) param_list += " (+" + std::to_string(listed - 20) + " more)";
+      unfinished =
+          "tandem: DistributedDataParallel: forward called before the previous iteration's "
+          "gradient reduction finished: bucket(s) " +
+          bucket_list +
+          " never became ready; parameters that received no gradient: " + param_list +
+          ". Some parameters did not take part in computing the loss. Construct "
+          "DistributedDataParallel with find_unused_parameters = true, or make every parameter "
+          "contribute to the loss on every rank.";
+      mode = Mode::kUnfinished;
+      return;
+    }
+    for (auto& b : buckets) works.push_back(b.work);
+    if (used_work) works.push_back(used_work);
+  }
+  const auto wait_start = ReducerClock::now();
+  for (auto& w : works) w->wait();
+  const auto done = ReducerClock::now();
+  std::lock_guard<std::mutex> lock(mutex);
+  if (trace::enabled()) trace_backward(wait_start, done);
+  overlap_seconds = std::chrono::duration<double>(wait_start - first_launch).count();
+  wait_seconds = std::chrono::duration<double>(done - wait_start).count();
+  for (size_t p = 0; p < params.size(); ++p) {
+    if (!used_anywhere(static_cast<int64_t>(p))) continue;  // no rank used it: .grad untouched
+    at::Tensor v = view(static_cast<int64_t>(p));
+    at::Tensor& grad = params[p].mutable_grad();
+    if (options.gradient_as_bucket_view) {
+      if (!grad.defined() || !grad.is_alias_of(v)) grad = v;
+    } else if (grad.defined()) {
+      grad.copy_(v);
+    } else {
+      grad = v.clone();
+    }
+  }
+  std::fill(locally_used.begin(), locally_used.end(), 0);
+  if (step == 0 && !rebuilt) {
+    rebuild_order = ready_order;
+    std::vector<char> listed(params.size(), 0);
+    for (int64_t p : ready_order) listed[p] = 1;
+    for (int64_t p = static_cast<int64_t>(params.size()) - 1; p >= 0; --p) {
+      if (!listed[p]) rebuild_order.push_back(p);
+    }
+  }
+  ++step;
+  mode = Mode::kFinalized;
+}
+
+}  // namespace tandem::detail

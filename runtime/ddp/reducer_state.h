@@ -1,0 +1,93 @@
+// Internal to runtime/ddp: the Reducer's state, shared (weakly) with the autograd hooks. Its parts:
+// the buckets and the launch of their reduction as gradients arrive (reducer_state.cpp), the
+// unused-parameter handling (unused_parameters.cpp), and the public Reducer over it (reducer.cpp).
+#pragma once
+
+#include <tandem/runtime/bucket_plan.h>
+#include <tandem/runtime/reducer.h>
+
+#include <torch/csrc/autograd/function.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace tandem::detail {
+
+using ReducerClock = std::chrono::steady_clock;
+
+struct ReducerState : std::enable_shared_from_this<ReducerState> {
+  // kFinalized: a synchronised backward finished and no forward has started since.
+  enum class Mode { kIdle, kAccumulating, kSynchronizing, kFinalized, kUnfinished };
+
+  struct Bucket {
+    GradBucket grads;
+    int64_t pending = 0;
+    WorkPtr work;
+    int64_t launch_us = 0;  // trace: when the reduce was launched (0: not traced)
+  };
+
+  std::vector<at::Tensor> params;
+  std::vector<std::string> names;
+  std::shared_ptr<Communicator> comm;
+  ReducerOptions options;
+  std::shared_ptr<GradCodec> codec;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive: they own our hooks
+  std::unordered_map<const torch::autograd::Node*, int64_t> accumulator_index;
+
+  mutable std::mutex mutex;
+  std::vector<Bucket> buckets;
+  std::vector<std::pair<int64_t, int64_t>> location;  // param -> (bucket, slot)
+  Mode mode = Mode::kIdle;
+  std::vector<char> ready;
+  std::vector<char> locally_used;     // since the last synchronised backward (no_sync included)
+  int64_t next_launch = 0;
+  bool callback_queued = false;
+  std::vector<int64_t> deferred_unused;  // unreached by this forward; marked ready at first hook
+  at::Tensor used_map;
+  WorkPtr used_work;
+  std::vector<int64_t> ready_order;   // hook order of the first synchronised backward
+  std::vector<int64_t> rebuild_order; // set after the first synchronised backward
+  bool rebuilt = false;
+  int64_t step = 0;
+  std::string unfinished;
+  ReducerClock::time_point first_launch;
+  double overlap_seconds = 0;
+  double wait_seconds = 0;
+  int64_t backward_begin_us = 0;  // trace: first grad hook of this backward (0: not traced)
+
+  // Buckets (reducer_state.cpp); the caller holds `mutex` unless said otherwise.
+  // Parameter `param`'s slot in its bucket, shaped like the parameter.
+  at::Tensor view(int64_t param) const;
+  // Allocates the buckets of `plan`; with gradient_as_bucket_view, existing `.grad`s move in.
+  void build(const BucketPlan& plan);
+  // The plan for `order` under the options' caps.
+  BucketPlan plan_for(const std::vector<int64_t>& order) const;
+  // The bucket slot takes the parameter's current gradient (zeros when it has none).
+  void copy_into_bucket(int64_t p);
+  // Counts `p` ready and launches, in bucket order, every bucket that is complete.
+  void mark_ready(int64_t p);
+  void reset_iteration();
+  // The grad-ready hook of parameter `p` (takes `mutex`).
+  void on_grad_ready(int64_t p);
+  // End of backward (an engine callback; takes `mutex`): waits for every bucket, writes `.grad`.
+  void finalize();
+  void trace_backward(ReducerClock::time_point wait_start, ReducerClock::time_point done);
+
+  // Unused parameters (unused_parameters.cpp).
+  // Which parameters the autograd graph of `outputs` reaches.
+  std::vector<char> reachable(const std::vector<at::Tensor>& outputs) const;
+  // After a forward with find_unused_parameters: launches the all-reduce of the used-map and
+  // defers the parameters `outputs` does not reach until backward starts.
+  void find_unused(const std::vector<at::Tensor>& outputs);
+  // At the first hook of a backward: the deferred parameters join their buckets.
+  void mark_deferred_ready();
+  // After the reduction: whether parameter `p` was used on some rank (true without a used-map).
+  bool used_anywhere(int64_t p) const;
+};
+
+}  // namespace tandem::detail

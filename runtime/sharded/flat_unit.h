@@ -1,0 +1,62 @@
+// Internal: one unit of ShardedDataParallel - parameters laid out back to back in a flat buffer
+// that is split evenly over the shard group - and the storage tricks that let stage 3 free and
+// re-create that buffer under the parameters without changing their identity.
+#pragma once
+
+#include <tandem/collectives/communicator.h>
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem::detail {
+
+struct FlatUnit {
+  std::string name;             // "block3", "bucket 2", "(root)"
+  std::vector<int64_t> params;  // indices into the model's trainable parameters, in flat order
+  std::vector<int64_t> offsets; // element offset of each in the flat buffer
+  int64_t numel = 0;            // sum of the parameters' numels (the flat buffer without padding)
+  int64_t shard_numel = 0;      // S: ceil(numel / group size); the flat buffer holds S * group
+  at::TensorOptions options;    // dtype and device of every parameter of the unit
+
+  at::Tensor flat;   // [S * group] full parameters; the parameters are views of it
+  at::Tensor shard;  // [S] leaf requiring grad: what the optimizer steps (a view of `flat` in
+                     // stages 1-2, memory of its own in stage 3)
+  bool materialized = true;  // stage 3: whether `flat` has memory now
+
+  // Gathering (the shard into `flat`).
+  WorkPtr gather_work;
+  at::Tensor gather_input;       // kept alive until gather_work completed
+  int64_t gathered_version = 0;  // shard's version counter when `flat` was last made current
+  bool gather_prefetched = false;
+  int64_t gather_begin_us = 0;
+
+  // Gradients of one backward.
+  at::Tensor grad_flat;   // [S * group] full gradients (stage 1: persistent, the parameters'
+                          // .grad are views; stages 2-3: built when the unit is reduced)
+  at::Tensor grad_shard;  // [S] this rank's averaged gradient (shard.grad)
+  at::Tensor grad_wire;   // the low-precision copy on the wire (sharding.reduce_dtype)
+  WorkPtr reduce_work;
+  int64_t reduce_begin_us = 0;
+  int64_t pending = 0;    // parameters whose gradient has not arrived in this backward
+  bool ready = false;     // every gradient arrived (or the backward ended)
+  bool forward_ran = false;
+  bool pre_backward_ran = false;
+
+  int64_t bytes() const { return numel * static_cast<int64_t>(options.dtype().itemsize()); }
+  int64_t padded_numel(int group) const { return shard_numel * group; }
+};
+
+// Gives `flat`'s storage `nbytes` of fresh memory (from the storage's own allocator), or none:
+// every tensor over that storage - the parameters and what autograd saved of them - sees the new
+// memory, because the StorageImpl object stays the same.
+void allocate_storage(const at::Tensor& flat);
+void free_storage(const at::Tensor& flat);
+
+// `dst` takes `src`'s values through a tensor of its own over the same memory, so the version
+// counters of the parameters (checked by autograd for what it saved) are not bumped.
+void copy_without_version_bump(const at::Tensor& dst, const at::Tensor& src);
+
+}  // namespace tandem::detail

@@ -1,0 +1,366 @@
+// ShardedDataParallelCore: construction, the forward wrappers, and what a training loop asks of
+// it between steps (shards, global gradient norm, gathers, slices for checkpoints).
+#include <tandem/runtime/sharded_data_parallel.h>
+
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
+#include <tandem/memory/cpu_allocator.h>
+
+#include "runtime/rank_agreement.h"
+#include "runtime/sharded/sharded_state.h"
+
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/grad_mode.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tandem {
+
+using State = ShardedDataParallelCore::State;
+
+namespace {
+
+class GradReadyHook : public torch::autograd::FunctionPostHook {
+ public:
+  GradReadyHook(std::weak_ptr<State> state, int64_t index) : state_(std::move(state)), index_(index) {}
+  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
+                                            const torch::autograd::variable_list&) override {
+    if (auto state = state_.lock()) state->on_grad_ready(index_);
+    return outputs;
+  }
+
+ private:
+  std::weak_ptr<State> state_;
+  int64_t index_;
+};
+
+at::ScalarType wire_dtype_of(const ShardingOptions& s, const DistributedDataParallelOptions& ddp) {
+  std::string wire = s.reduce_dtype;
+  if (ddp.codec) {
+    const std::string codec = ddp.codec->name();
+    if (codec == "fp16" || codec == "bf16") {
+      wire = codec;
+    } else if (codec != "average") {
+      throw ConfigError("tandem: ShardedDataParallel: gradient codec '" + codec +
+                        "' needs an all-reduce of whole gradients; sharded gradients are "
+                        "reduce-scattered. Use --set compression.codec=average, fp16 or bf16 with "
+                        "--set sharding.stage=" + std::to_string(s.stage) +
+                        ", or --set sharding.stage=0 to keep '" + codec + "'.");
+    }
+  }
+  if (wire == "fp32") return at::kFloat;
+  if (wire == "fp16") return at::kHalf;
+  if (wire == "bf16") return at::kBFloat16;
+  throw ConfigError("tandem: ShardedDataParallel: sharding.reduce_dtype '" + wire +
+                    "' is not one of fp32, fp16, bf16 (--set sharding.reduce_dtype=bf16).");
+}
+
+}  // namespace
+
+ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
+                                                 std::shared_ptr<Communicator> comm,
+                                                 ShardingOptions sharding,
+                                                 DistributedDataParallelOptions ddp)
+    : state_(std::make_shared<State>()) {
+  State& s = *state_;
+  if (!module) throw ConfigError("tandem: ShardedDataParallel: module is null.");
+  if (!comm) throw ConfigError("tandem: ShardedDataParallel: communicator is null.");
+  if (sharding.stage < 1 || sharding.stage > 3) {
+    throw ConfigError("tandem: ShardedDataParallel: sharding.stage is " +
+                      std::to_string(sharding.stage) +
+                      "; use 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters), e.g. "
+                      "--set sharding.stage=3 (stage 0 is DistributedDataParallel).");
+  }
+  const int world = comm->size();
+  const int group = sharding.group_size == 0 ? world : sharding.group_size;
+  if (group < 1 || world % group != 0) {
+    throw ConfigError("tandem: ShardedDataParallel: sharding.group_size " +
+                      std::to_string(sharding.group_size) + " does not divide the world size " +
+                      std::to_string(world) + "; use 0 (shard over all ranks) or a divisor such "
+                      "as the ranks per node (--set sharding.group_size=" +
+                      std::to_string(world) + ").");
+  }
+  if (!(ddp.bucket_cap_mb > 0) || !(ddp.first_bucket_cap_mb > 0)) {
+    throw ConfigError("tandem: ShardedDataParallel: ddp.bucket_cap_mb and ddp.first_bucket_cap_mb "
+                      "must be positive (--set ddp.bucket_cap_mb=25).");
+  }
+  s.wire_dtype = wire_dtype_of(sharding, ddp);
+  s.module = std::move(module);
+  s.world = std::move(comm);
+  s.options = std::move(sharding);
+  s.ddp = std::move(ddp);
+  // Gathers and reduce-scatters on communicators of their own (see sharded_state.h).
+  const int rank = s.world->rank();
+  s.shard_comm = s.world->split(rank / group, rank);
+  s.reduce_comm = s.world->split(rank / group, rank);
+  if (group < world) s.replicate_comm = s.world->split(rank % group, rank);
+
+  s.build_units();
+  s.verify_same_everywhere();
+  // Rank 0's values everywhere: each unit's flat buffer, then frozen parameters and buffers.
+  {
+    torch::autograd::AutoGradMode no_grad(false);
+    for (auto& u : s.units) {
+      if (u.numel == 0) continue;
+      s.world->broadcast(u.flat, 0)->wait();
+      const int64_t begin = static_cast<int64_t>(s.shard_rank()) * u.shard_numel;
+      if (s.stage() == 3) {
+        detail::copy_without_version_bump(u.shard, u.flat.narrow(0, begin, u.shard_numel));
+        detail::free_storage(u.flat);
+        u.materialized = false;
+      }
+      u.gathered_version = u.shard._version();
+    }
+    for (auto& t : s.frozen) s.world->broadcast(t, 0)->wait();
+    for (auto& t : s.buffers) s.world->broadcast(t, 0)->wait();
+  }
+  for (size_t p = 0; p < s.params.size(); ++p) {
+    auto acc = torch::autograd::impl::grad_accumulator(s.params[p]);
+    acc->add_post_hook(std::make_unique<GradReadyHook>(state_, static_cast<int64_t>(p)));
+    s.accumulator_index[acc.get()] = static_cast<int64_t>(p);
+    s.accumulators.push_back(std::move(acc));
+  }
+  for (auto& p : s.params) s.param_versions.push_back(p._version());
+}
+
+ShardedDataParallelCore::~ShardedDataParallelCore() {
+  // Units outlive the engine as plain modules.
+  for (auto& item : state_->module->named_modules()) {
+    if (auto* unit = dynamic_cast<detail::ShardedUnitBase*>(item.value().get())) unit->attach(nullptr, -1);
+  }
+}
+
+void ShardedDataParallelCore::pre_forward() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.mode == State::Mode::kSynchronizing && s.callback_queued) {
+    s.mode = State::Mode::kIdle;
+    throw Error("tandem: ShardedDataParallel: forward called while the previous backward had not "
+                "finished (it raised, or its graph was dropped midway).");
+  }
+  if (s.mode == State::Mode::kSynchronizing || s.mode == State::Mode::kAccumulating) {
+    // A forward without backward (evaluation): it armed nothing that was issued.
+    s.last_forward_order = s.forward_order;
+  }
+  const bool fresh_gradients = s.mode == State::Mode::kFinalized;
+  s.mode = State::Mode::kIdle;
+  s.gather_wait_seconds = 0;
+  trace::Span span("sharded pre-forward", trace::kComm);
+  if (s.stage() == 1 && fresh_gradients) {
+    // The last synchronised backward was consumed by the optimizer step; accumulate anew.
+    for (auto& u : s.units) {
+      if (u.grad_flat.defined()) u.grad_flat.zero_();
+    }
+  }
+  s.check_parameter_versions();
+  s.forward_order.clear();
+  for (size_t u = 0; u < s.units.size(); ++u) {
+    s.units[u].forward_ran = false;
+    if (s.stage() == 3 && static_cast<int>(u) != s.root) s.release(static_cast<int>(u));
+  }
+  if (s.stage() < 3) {
+    for (size_t u = 0; u < s.units.size(); ++u) s.gather(static_cast<int>(u), false);
+    for (size_t u = 0; u < s.units.size(); ++u) s.wait_gathered(static_cast<int>(u));
+  } else {
+    if (s.root >= 0) {
+      s.gather(s.root, false);
+      s.wait_gathered(s.root);
+    }
+    if (s.options.prefetch && !s.last_forward_order.empty()) s.gather(s.last_forward_order.front(), true);
+  }
+  for (size_t p = 0; p < s.params.size(); ++p) s.param_versions[p] = s.params[p]._version();
+  memory::sample_allocator_counter();
+}
+
+void ShardedDataParallelCore::post_forward(const std::vector<at::Tensor>& outputs) {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.stage() == 3 && !s.order_checked) {
+    // The collectives of every later step follow this order: it must be the same everywhere.
+    std::string order;
+    for (int u : s.forward_order) order += s.units[u].name + "\n";
+    detail::check_same_on_every_rank(*s.shard_comm, order,
+                                     "tandem: ShardedDataParallel: the ranks ran their units in "
+                                     "different orders",
+                                     "Every rank must run the same ShardedUnits in the same order "
+                                     "in each forward.");
+    s.order_checked = true;
+  }
+  bool any = false;
+  for (const auto& o : outputs) any = any || (o.defined() && o.requires_grad());
+  if (!torch::autograd::GradMode::is_enabled() || !any) {
+    s.last_forward_order = s.forward_order;
+    if (s.stage() == 3) {
+      for (size_t u = 0; u < s.units.size(); ++u) s.release(static_cast<int>(u));
+    }
+    return;
+  }
+  s.arm_backward(outputs);
+}
+
+std::vector<at::Tensor> ShardedDataParallelCore::parameters() const {
+  std::vector<at::Tensor> shards;
+  for (const auto& u : state_->units) {
+    if (u.numel > 0) shards.push_back(u.shard);
+  }
+  return shards;
+}
+
+double ShardedDataParallelCore::clip_grad_norm(double max_norm, double norm_type) {
+  State& s = *state_;
+  const bool inf = std::isinf(norm_type);
+  if (!(norm_type == 2.0 || inf) || !(max_norm > 0)) {
+    throw ConfigError("tandem: ShardedDataParallel::clip_grad_norm: norm_type must be 2 or inf and "
+                      "max_norm positive (got " + std::to_string(norm_type) + ", " +
+                      std::to_string(max_norm) + ").");
+  }
+  double local = 0;
+  for (const auto& u : s.units) {
+    if (u.numel == 0 || !u.shard.grad().defined()) continue;
+    const at::Tensor g = u.shard.grad().to(at::kDouble);
+    local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.pow(2).sum().item<double>();
+  }
+  at::Tensor total = at::empty({1}, at::kDouble);
+  total.data_ptr<double>()[0] = local;
+  // Replicas hold identical shards: the shard group alone covers every element once.
+  s.shard_comm->allreduce(total, inf ? ReduceOp::kMax : ReduceOp::kSum)->wait();
+  const double norm = inf ? total.data_ptr<double>()[0] : std::sqrt(total.data_ptr<double>()[0]);
+  const double scale = max_norm / (norm + 1e-6);
+  if (std::isfinite(norm) && scale < 1.0) {
+    for (auto& u : s.units) {
+      if (u.numel > 0 && u.shard.grad().defined()) u.shard.mutable_grad().mul_(scale);
+    }
+  }
+  return norm;
+}
+
+void ShardedDataParallelCore::gather_parameters() {
+  State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  for (size_t u = 0; u < s.units.size(); ++u) s.gather(static_cast<int>(u), false);
+  for (size_t u = 0; u < s.units.size(); ++u) s.wait_gathered(static_cast<int>(u));
+  for (size_t p = 0; p < s.params.size(); ++p) s.param_versions[p] = s.params[p]._version();
+}
+
+void ShardedDataParallelCore::check_optimizer_parameters(
+    const std::vector<at::Tensor>& optimizer_params) const {
+  const std::vector<at::Tensor> mine = parameters();
+  bool same = optimizer_params.size() == mine.size();
+  for (size_t i = 0; same && i < mine.size(); ++i) same = optimizer_params[i].is_same(mine[i]);
+  if (same) return;
+  for (const auto& t : optimizer_params) {
+    for (size_t p = 0; p < state_->params.size(); ++p) {
+      if (t.is_same(state_->params[p])) {
+        throw ConfigError("tandem: ShardedDataParallel: the optimizer holds the model's parameter '" +
+                          state_->names[p] + "'; with sharding it must step this rank's shards: "
+                          "build it over ShardedDataParallel::parameters() (e.g. "
+                          "torch::optim::AdamW opt(sdp.parameters(), lr)).");
+      }
+    }
+  }
+  throw ConfigError("tandem: ShardedDataParallel: the optimizer holds " +
+                    std::to_string(optimizer_params.size()) + " tensors, not the " +
+                    std::to_string(mine.size()) + " shards of ShardedDataParallel::parameters(); "
+                    "build it over sdp.parameters().");
+}
+
+ShardedDataParallelCore::NoSyncGuard::NoSyncGuard(ShardedDataParallelCore& core)
+    : core_(core), previous_(core.state_->sync) {
+  core_.state_->sync = false;
+}
+
+ShardedDataParallelCore::NoSyncGuard::~NoSyncGuard() { core_.state_->sync = previous_; }
+
+std::vector<ShardedDataParallelCore::ParameterSlice> ShardedDataParallelCore::unit_slices(
+    size_t shard_index, const at::Tensor& shard) const {
+  const State& s = *state_;
+  size_t next = 0;
+  for (const auto& u : s.units) {
+    if (u.numel == 0 || next++ != shard_index) continue;
+    if (shard.numel() != u.shard_numel) {
+      throw ConfigError("tandem: ShardedDataParallel: expected " + std::to_string(u.shard_numel) +
+                        " elements for unit '" + u.name + "' (shaped like parameters()[" +
+                        std::to_string(shard_index) + "]), got " + std::to_string(shard.numel()) + ".");
+    }
+    std::vector<ParameterSlice> out;
+    const int64_t lo = static_cast<int64_t>(s.shard_rank()) * u.shard_numel;
+    const int64_t hi = lo + u.shard_numel;
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      const at::Tensor& p = s.params[u.params[k]];
+      const int64_t a = std::max(lo, u.offsets[k]);
+      const int64_t b = std::min(hi, u.offsets[k] + p.numel());
+      ParameterSlice slice;
+      slice.name = s.names[u.params[k]];
+      slice.shape = p.sizes().vec();
+      slice.dtype = shard.scalar_type();
+      slice.begin = a < b ? a - u.offsets[k] : 0;
+      slice.end = a < b ? b - u.offsets[k] : 0;
+      if (a < b) slice.data = shard.narrow(0, a - lo, b - a);
+      out.push_back(std::move(slice));
+    }
+    return out;
+  }
+  throw ConfigError("tandem: ShardedDataParallel: no unit at parameters()[" +
+                    std::to_string(shard_index) + "].");
+}
+
+std::vector<ShardedDataParallelCore::ParameterSlice> ShardedDataParallelCore::slices_of(
+    const std::vector<at::Tensor>& shards) const {
+  std::vector<ParameterSlice> out;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    for (auto& slice : unit_slices(i, shards[i])) out.push_back(std::move(slice));
+  }
+  return out;
+}
+
+std::vector<ShardedDataParallelCore::ParameterSlice> ShardedDataParallelCore::parameter_slices() const {
+  std::vector<at::Tensor> shards;
+  for (const auto& t : parameters()) shards.push_back(t.detach());
+  return slices_of(shards);
+}
+
+const ShardingOptions& ShardedDataParallelCore::options() const { return state_->options; }
+int ShardedDataParallelCore::stage() const { return state_->stage(); }
+int ShardedDataParallelCore::shard_rank() const { return state_->shard_rank(); }
+int ShardedDataParallelCore::shard_size() const { return state_->shard_size(); }
+
+ShardedDataParallelCore::MemoryUse ShardedDataParallelCore::memory_use() const {
+  const State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  MemoryUse m;
+  const auto bytes = [](const at::Tensor& t) {
+    return t.defined() ? t.numel() * static_cast<int64_t>(t.element_size()) : int64_t{0};
+  };
+  for (const auto& u : s.units) {
+    if (u.numel == 0) continue;
+    m.parameter_bytes += s.stage() < 3 ? bytes(u.flat) : bytes(u.shard) + (u.materialized ? bytes(u.flat) : 0);
+    m.gradient_bytes += bytes(u.grad_flat) + (s.stage() >= 2 ? bytes(u.grad_shard) : 0);
+  }
+  for (const auto& p : s.params) {
+    if (s.stage() >= 2 && p.grad().defined()) m.gradient_bytes += bytes(p.grad());
+  }
+  return m;
+}
+
+ShardedDataParallelCore::StepTimes ShardedDataParallelCore::last_step_times() const {
+  const State& s = *state_;
+  std::lock_guard<std::mutex> lock(s.mutex);
+  return {s.gather_wait_seconds, s.reduce_wait_seconds, s.overlap_seconds};
+}
+
+std::vector<std::string> ShardedDataParallelCore::describe_units() const {
+  std::vector<std::string> out;
+  for (const auto& u : state_->units) {
+    out.push_back(u.name + ": " + std::to_string(u.params.size()) + " parameters, " +
+                  std::to_string(u.numel) + " elements, " + std::to_string(u.shard_numel) +
+                  " per rank");
+  }
+  return out;
+}
+
+}  // namespace tandem

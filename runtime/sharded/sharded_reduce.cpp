@@ -1,0 +1,245 @@
+// ShardedDataParallel, backward side: gradient hooks, reduce-scatters in reduce order while
+// backward runs, and the end-of-backward callback that completes what the graph did not reach.
+#include "runtime/sharded/sharded_state.h"
+
+#include <tandem/base/errors.h>
+#include <tandem/base/trace.h>
+
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <unordered_set>
+
+namespace tandem {
+
+using State = ShardedDataParallelCore::State;
+
+namespace {
+
+// Parameters whose AccumulateGrad the graph of `outputs` reaches.
+std::vector<char> reachable(const std::vector<at::Tensor>& outputs, size_t count,
+                            const std::unordered_map<const torch::autograd::Node*, int64_t>& index) {
+  std::vector<char> reached(count, 0);
+  std::vector<torch::autograd::Node*> stack;
+  std::unordered_set<torch::autograd::Node*> seen;
+  for (const auto& out : outputs) {
+    if (!out.defined() || !out.requires_grad()) continue;
+    if (auto fn = out.grad_fn()) stack.push_back(fn.get());
+  }
+  while (!stack.empty()) {
+    torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    auto it = index.find(node);
+    if (it != index.end()) reached[it->second] = 1;
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+  return reached;
+}
+
+}  // namespace
+
+void State::arm_backward(const std::vector<at::Tensor>& outputs) {
+  mode = sync ? Mode::kSynchronizing : Mode::kAccumulating;
+  callback_queued = false;
+  arrived.assign(params.size(), 0);
+  for (auto& u : units) {
+    u.pending = static_cast<int64_t>(u.params.size());
+    u.ready = false;
+    u.pre_backward_ran = false;
+  }
+  reduce_order.clear();
+  backward_gathers.clear();
+  if (stage() == 3) {
+    for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
+      reduce_order.push_back(*it);
+      if (!units[*it].materialized || units[*it].gather_work) backward_gathers.push_back(*it);
+    }
+    // Units that did not run forward on this step still reduce (their gradients are zeros).
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (static_cast<int>(u) != root && !units[u].forward_ran) reduce_order.push_back(static_cast<int>(u));
+    }
+    if (root >= 0) reduce_order.push_back(root);
+  } else {
+    for (size_t u = 0; u < units.size(); ++u) reduce_order.push_back(static_cast<int>(u));
+  }
+  reduce_next = 0;
+  reduce_finished = 0;
+  backward_gathered = 0;
+  if (ddp.find_unused_parameters) {
+    // Parameters this forward cannot reach will get no gradient: count them as arrived now, so
+    // their unit is reduced as soon as the rest of it is.
+    const std::vector<char> reached = reachable(outputs, params.size(), accumulator_index);
+    for (size_t p = 0; p < params.size(); ++p) {
+      if (reached[p]) continue;
+      arrived[p] = 1;
+      if (--units[unit_of[p]].pending == 0) units[unit_of[p]].ready = true;
+    }
+  }
+}
+
+void State::on_grad_ready(int64_t p) {
+  std::lock_guard<std::mutex> lock(mutex);
+  if (mode == Mode::kFinalized) {
+    throw Error("tandem: ShardedDataParallel: parameter '" + names[p] +
+                "' received a gradient after the backward of its forward had finished: backward "
+                "ran twice through one forward (retain_graph). Run one backward per forward.");
+  }
+  if (mode != Mode::kSynchronizing && mode != Mode::kAccumulating) return;
+  if (arrived[p]) {
+    throw Error("tandem: ShardedDataParallel: parameter '" + names[p] +
+                "' received its gradient twice in one backward (backward run twice through one "
+                "forward, or a reentrant use of the parameter). Run one backward per forward.");
+  }
+  arrived[p] = 1;
+  if (!callback_queued) {
+    callback_queued = true;
+    std::weak_ptr<State> weak = weak_from_this();
+    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
+      if (auto self = weak.lock()) self->finalize();
+    });
+  }
+  const int u = unit_of[p];
+  if (--units[u].pending == 0) mark_ready(u);
+}
+
+void State::mark_ready(int u) {
+  units[u].ready = true;
+  // Stage 3: every gradient of the unit is in, so nothing needs its parameters any more.
+  if (u != root) release(u);
+  if (mode == Mode::kSynchronizing) advance_reduces();
+}
+
+void State::advance_reduces() {
+  while (reduce_next < reduce_order.size() && units[reduce_order[reduce_next]].ready) {
+    reduce(reduce_order[reduce_next++]);
+  }
+}
+
+void State::reduce(int u) {
+  detail::FlatUnit& unit = units[u];
+  if (reduce_next == 1) first_reduce = std::chrono::steady_clock::now();
+  if (u == root) release(u);
+  if (unit.numel == 0) return;
+  const int n = shard_size();
+  const int64_t S = unit.shard_numel;
+  if (stage() >= 2) {
+    // The full gradients exist only until this reduce-scatter is done.
+    unit.grad_flat = at::empty({unit.padded_numel(n)}, unit.options);
+    if (unit.padded_numel(n) > unit.numel) unit.grad_flat.narrow(0, unit.numel, unit.padded_numel(n) - unit.numel).zero_();
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      at::Tensor& grad = params[unit.params[k]].mutable_grad();
+      at::Tensor slot = unit.grad_flat.narrow(0, unit.offsets[k], params[unit.params[k]].numel());
+      if (grad.defined()) {
+        slot.copy_(grad.reshape({-1}));
+        grad.reset();
+      } else {
+        slot.zero_();
+      }
+    }
+    if (!unit.grad_shard.defined()) unit.grad_shard = at::empty({S}, unit.options);
+  } else {
+    // Stage 1: the parameters' .grad are views of grad_flat (set at construction); one whose
+    // .grad was replaced (e.g. assigned by the user) is copied in.
+    for (size_t k = 0; k < unit.params.size(); ++k) {
+      const at::Tensor& p = params[unit.params[k]];
+      at::Tensor slot = unit.grad_flat.narrow(0, unit.offsets[k], p.numel());
+      const at::Tensor& grad = p.grad();
+      if (!grad.defined()) {
+        slot.zero_();
+      } else if (!grad.is_alias_of(slot)) {
+        slot.copy_(grad.reshape({-1}));
+      }
+    }
+  }
+  at::Tensor output = stage() >= 2 ? unit.grad_shard : unit.grad_flat.narrow(0, shard_rank() * S, S);
+  unit.reduce_begin_us = trace::enabled() ? trace::now_us() : 0;
+  if (wire_dtype == unit.options.dtype().toScalarType()) {
+    unit.reduce_work = reduce_comm->reduce_scatter(output, unit.grad_flat, ReduceOp::kAvg);
+  } else {
+    // Low precision on the wire: divided first (no overflow), summed in wire_dtype, cast back.
+    unit.grad_wire = (unit.grad_flat / static_cast<double>(n)).to(wire_dtype);
+    at::Tensor out_wire = at::empty({S}, unit.grad_wire.options());
+    unit.reduce_work = reduce_comm->reduce_scatter(out_wire, unit.grad_wire, ReduceOp::kSum);
+    unit.grad_wire = out_wire;  // finish_reduce casts it into `output`
+  }
+  if (stage() >= 2) {
+    // One bucket's full gradients in flight while the next bucket's are computed, rather than
+    // every bucket's until the end of backward: finish the earlier reduce-scatters (in reduce
+    // order, as every rank does). The communicator runs them in order, so this one stays queued
+    // and the wire stays busy.
+    while (reduce_finished + 1 < reduce_next) finish_reduce(reduce_order[reduce_finished++]);
+  }
+}
+
+void State::finish_reduce(int u) {
+  detail::FlatUnit& unit = units[u];
+  if (unit.numel == 0 || !unit.reduce_work) return;
+  unit.reduce_work->wait();
+  unit.reduce_work.reset();
+  const int64_t S = unit.shard_numel;
+  at::Tensor output = stage() >= 2 ? unit.grad_shard : unit.grad_flat.narrow(0, shard_rank() * S, S);
+  if (unit.grad_wire.defined()) {
+    output.copy_(unit.grad_wire);
+    unit.grad_wire = at::Tensor();
+  }
+  if (unit.reduce_begin_us != 0) {
+    trace::async_span("unit " + unit.name + " reduce-scatter", trace::kComm,
+                      static_cast<uint64_t>(step) * 8192 + static_cast<uint64_t>(u) * 2 + 1,
+                      unit.reduce_begin_us, trace::now_us(),
+                      trace::Args()
+                          .add("unit", unit.name)
+                          .add("bytes", unit.padded_numel(shard_size()) *
+                                            static_cast<int64_t>(unit.grad_flat.element_size()))
+                          .add("step", step));
+  }
+  if (stage() >= 2) unit.grad_flat = at::Tensor();
+  // Hybrid sharding: shards of the same index on the other groups hold the other replicas'
+  // averages; averaging them gives the average over every rank.
+  if (replicate_comm) replicate_comm->allreduce(output, ReduceOp::kAvg)->wait();
+  at::Tensor& grad = unit.shard.mutable_grad();
+  if (!grad.defined() || !grad.is_alias_of(output)) grad = output.detach();
+}
+
+void State::finalize() {
+  std::vector<int> order;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (mode != Mode::kSynchronizing && mode != Mode::kAccumulating) return;
+    // What this rank's graph did not reach completes now, in the same order as on every rank.
+    gather_for_backward(backward_gathers.size(), -1);
+    for (int u : backward_gathers) {
+      wait_gathered(u);
+      if (!units[u].ready) release(u);
+    }
+    for (auto& u : units) u.ready = true;
+    for (size_t u = 0; u < units.size(); ++u) {
+      if (static_cast<int>(u) != root) release(static_cast<int>(u));
+    }
+    if (mode == Mode::kAccumulating) {
+      if (root >= 0) release(root);
+      mode = Mode::kIdle;
+      last_forward_order = forward_order;
+      return;
+    }
+    advance_reduces();
+    order = reduce_order;
+  }
+  const auto wait_start = std::chrono::steady_clock::now();
+  for (int u : order) finish_reduce(u);
+  std::lock_guard<std::mutex> lock(mutex);
+  overlap_seconds = std::chrono::duration<double>(wait_start - first_reduce).count();
+  reduce_wait_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
+  last_forward_order = forward_order;
+  ++step;
+  mode = Mode::kFinalized;
+}
+
+}  // namespace tandem
