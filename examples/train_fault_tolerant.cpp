@@ -25,16 +25,14 @@
 
 namespace {
 
-// A checksum of the parameters' bytes, printed so two runs can be compared by eye.
+// A checksum of the parameters' bytes (XXH3-64), printed so two runs can be compared by eye.
 uint64_t parameter_checksum(tiny_lm::TinyLm& model) {
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a
+  tandem::Xxh3Stream hash;
   for (const auto& p : model->parameters()) {
-    auto c = p.detach().contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(c.data_ptr());
-    for (int64_t i = 0; i < c.numel() * static_cast<int64_t>(c.element_size()); ++i)
-      h = (h ^ bytes[i]) * 1099511628211ULL;
+    const auto c = p.detach().contiguous();
+    hash.update(c.data_ptr(), c.nbytes());
   }
-  return h;
+  return hash.digest();
 }
 
 int restart_count() {

@@ -5,12 +5,11 @@
 #include <tandem/memory/cpu_allocator.h>
 
 #include "base/strings.h"
+#include "runtime/rank_agreement.h"
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
-#include <ATen/ops/empty.h>
 #include <ATen/ops/tensor.h>
-#include <ATen/ops/zeros.h>
 
 #include <map>
 #include <sstream>
@@ -50,24 +49,10 @@ std::string describe_parameters(const std::vector<std::string>& names,
 // Every rank learns every rank's parameter list and raises the same error on a mismatch.
 void verify_same_parameters(Communicator& comm, const std::string& mine) {
   if (comm.size() == 1) return;
-  const int n = comm.size();
-  at::Tensor length = at::empty({1}, at::kLong);
-  length.data_ptr<int64_t>()[0] = static_cast<int64_t>(mine.size());
-  at::Tensor lengths = at::empty({n}, at::kLong);
-  comm.allgather(lengths, length)->wait();
-  int64_t longest = 0;
-  for (int r = 0; r < n; ++r) longest = std::max(longest, lengths.data_ptr<int64_t>()[r]);
-  at::Tensor padded = at::zeros({longest}, at::kByte);
-  std::copy(mine.begin(), mine.end(), padded.data_ptr<uint8_t>());
-  at::Tensor all = at::empty({n * longest}, at::kByte);
-  comm.allgather(all, padded)->wait();
-  auto text_of = [&](int r) {
-    const char* base = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
-    return std::string(base, static_cast<size_t>(lengths.data_ptr<int64_t>()[r]));
-  };
-  const auto reference = strings::split_lines(text_of(0));
-  for (int r = 1; r < n; ++r) {
-    const auto other = strings::split_lines(text_of(r));
+  const std::vector<std::string> texts = detail::allgather_strings(comm, mine);
+  const auto reference = strings::split_lines(texts[0]);
+  for (size_t r = 1; r < texts.size(); ++r) {
+    const auto other = strings::split_lines(texts[r]);
     for (size_t i = 0; i < std::max(reference.size(), other.size()); ++i) {
       const std::string a = i < reference.size() ? reference[i] : "(none)";
       const std::string b = i < other.size() ? other[i] : "(none)";

@@ -1,7 +1,7 @@
 // Worker program for the DistributedDataParallel process tests: connects with tandem::init() from
 // the environment and runs one scenario.
 //   train [steps]  trains a small MLP (torch::nn::Sequential) with SGD + momentum on data seeded by
-//                  rank and step; prints "PARAMS <fnv1a-64 of the parameters' bytes>" and the
+//                  rank and step; prints "PARAMS <XXH3-64 of the parameters' bytes>" and the
 //                  number of steps.
 //   check-grads    one step on a global batch split across ranks; compares every gradient with the
 //                  single-process full-batch gradient computed in this process (relative error
@@ -48,17 +48,13 @@ std::pair<at::Tensor, at::Tensor> batch(int64_t n, uint64_t seed) {
   return {x, y};
 }
 
-uint64_t fnv1a(const std::vector<at::Tensor>& tensors) {
-  uint64_t h = 1469598103934665603ull;
+uint64_t checksum(const std::vector<at::Tensor>& tensors) {
+  tandem::Xxh3Stream hash;
   for (const auto& t : tensors) {
     const auto c = t.detach().contiguous();
-    const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-    for (size_t i = 0; i < c.nbytes(); ++i) {
-      h ^= p[i];
-      h *= 1099511628211ull;
-    }
+    hash.update(c.data_ptr(), c.nbytes());
   }
-  return h;
+  return hash.digest();
 }
 
 int train(tandem::Communicator& comm, int steps) {
@@ -75,7 +71,7 @@ int train(tandem::Communicator& comm, int steps) {
     opt.step();
     opt.zero_grad();
   }
-  std::printf("PARAMS %016" PRIx64 " after %d steps\n", fnv1a(model->parameters()), steps);
+  std::printf("PARAMS %016" PRIx64 " after %d steps\n", checksum(model->parameters()), steps);
   return 0;
 }
 

@@ -116,6 +116,18 @@ void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
 template <class T>
 void collect_tensors(const T&, std::vector<at::Tensor>&) {}
 
+// The forward of a data-parallel wrapper: core.pre_forward(), the module's forward, then
+// core.post_forward() with the output's tensors (what backward starts from).
+template <class Core, class Module, class... Args>
+auto wrapped_forward(Core& core, Module& module, Args&&... args) {
+  core.pre_forward();
+  auto output = module.forward(std::forward<Args>(args)...);
+  std::vector<at::Tensor> tensors;
+  collect_tensors(output, tensors);
+  core.post_forward(tensors);
+  return output;
+}
+
 }  // namespace detail
 
 template <class Module>
@@ -134,12 +146,7 @@ class DistributedDataParallel {
 
   template <class... Args>
   auto forward(Args&&... args) {
-    core_->pre_forward();
-    auto output = module_->forward(std::forward<Args>(args)...);
-    std::vector<at::Tensor> tensors;
-    detail::collect_tensors(output, tensors);
-    core_->post_forward(tensors);
-    return output;
+    return detail::wrapped_forward(*core_, *module_, std::forward<Args>(args)...);
   }
 
   template <class... Args>

@@ -305,12 +305,7 @@ class ShardedDataParallel {
 
   template <class... Args>
   auto forward(Args&&... args) {
-    core_->pre_forward();
-    auto output = module_->forward(std::forward<Args>(args)...);
-    std::vector<at::Tensor> tensors;
-    detail::collect_tensors(output, tensors);
-    core_->post_forward(tensors);
-    return output;
+    return detail::wrapped_forward(*core_, *module_, std::forward<Args>(args)...);
   }
   template <class... Args>
   auto operator()(Args&&... args) {
