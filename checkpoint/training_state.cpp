@@ -70,8 +70,6 @@ std::string describe_tensor(const at::Tensor& t) {
   return os.str();
 }
 
-namespace {
-
 // Checks that `loaded` has exactly the tensors `want` (same names, dtypes, shapes).
 std::string check_same_tensors(const std::vector<std::pair<std::string, at::Tensor>>& want,
                                const StateDict& loaded) {
@@ -92,6 +90,8 @@ std::string check_same_tensors(const std::vector<std::pair<std::string, at::Tens
   }
   return "";
 }
+
+namespace {
 
 // ---- modules -------------------------------------------------------------------------------
 

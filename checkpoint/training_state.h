@@ -10,6 +10,8 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace torch::nn {
 class Module;
@@ -30,6 +32,11 @@ std::shared_ptr<Checkpointable> tensors_state(
 std::shared_ptr<Checkpointable> values_state(
     std::function<std::map<std::string, CheckpointValue>()> get,
     std::function<void(const std::map<std::string, CheckpointValue>&)> set);
+
+// Empty when `loaded` has exactly the tensors `want` (same names, dtypes, shapes); otherwise what
+// differs first, for Checkpointable::check().
+std::string check_same_tensors(const std::vector<std::pair<std::string, at::Tensor>>& want,
+                               const StateDict& loaded);
 
 // "expected float32 [4, 3], found float16 [4]" style description.
 std::string describe_tensor(const at::Tensor& t);

@@ -6,8 +6,10 @@
 //   trace.enabled=true
 //
 // Demonstrates tandem::DistributedDataParallel on a transformer, driven by tandem's config:
-// everything under train.*, ddp.*, compression.*, metrics.*, trace.* comes from YAML / TANDEM_* /
-// --set (print it all with --print-config, every key with --help-config). Gradients are bucketed
+// everything under train.*, ddp.*, compression.*, precision.*, metrics.*, trace.* comes from YAML /
+// TANDEM_* / --set (print it all with --print-config, every key with --help-config). Mixed
+// precision: --set precision.autocast=bf16 --set precision.param_dtype=bf16 trains bf16 parameters
+// under bf16 autocast while AdamW steps fp32 masters (examples/configs/train_lm_bf16.yaml). Gradients are bucketed
 // and all-reduced while backward runs; rank 0 prints a progress line every metrics.log_every steps
 // (loss, samples/s, ETA, peak memory, overlap), then a greedy sample of what the model learned, and
 // saves the trained model (torch::save) to --save. Byte-level tokens, so any text file works;
@@ -53,15 +55,20 @@ int main(int argc, char** argv) {
         train.seed);  // same initial weights everywhere (DistributedDataParallel checks)
     tiny_lm::TinyLm model(lm);
     tandem::DistributedDataParallel ddp(model, ctx.world(), ctx.config().ddp);
-    torch::optim::AdamW opt(model->parameters(),
+    // The fp32 masters under mixed precision (precision.param_dtype), else the parameters.
+    torch::optim::AdamW opt(ddp.parameters(),
                             torch::optim::AdamWOptions(train.lr).weight_decay(train.weight_decay));
+    const auto& precision = ctx.config().precision;
+    tandem::GradScaler scaler(ctx.config().scaler_options(), ctx.world());
     if (rank == 0) {
       int64_t params = 0;
       for (const auto& p : model->parameters()) params += p.numel();
       std::printf("train_lm: %lld parameters, %d ranks x %lld sequences of %lld bytes, "
-                  "gradients: %s, text %zu bytes%s\n",
+                  "gradients: %s, parameters %s, autocast %s, text %zu bytes%s\n",
                   static_cast<long long>(params), world, static_cast<long long>(train.batch_size),
                   static_cast<long long>(lm.context), ctx.config().compression.codec.c_str(),
+                  c10::toString(ctx.config().ddp.mixed_precision.param_dtype),
+                  precision.autocast == at::kFloat ? "off" : c10::toString(precision.autocast),
                   text.size(), train.data.empty() ? " (synthetic)" : "");
     }
 
@@ -71,9 +78,14 @@ int main(int argc, char** argv) {
     for (int64_t step = 0; step < train.steps; ++step) {
       auto windows = tiny_lm::batch_windows(data, train.batch_size, lm.context, train.seed, step, rank);
       opt.zero_grad();
-      auto loss = tiny_lm::lm_loss(ddp(tiny_lm::lm_inputs(windows)), windows);
-      loss.backward();
-      opt.step();
+      torch::Tensor loss;
+      {
+        tandem::AutocastGuard autocast(at::kCPU, precision.autocast, precision.autocast != at::kFloat);
+        loss = tiny_lm::lm_loss(ddp(tiny_lm::lm_inputs(windows)), windows);
+      }
+      scaler.scale(loss).backward();
+      scaler.step(opt);  // skips the step if a gradient overflowed on any rank (fp16)
+      scaler.update();
       tandem::heartbeat();
       loss_value = loss.item<double>();  // this rank's loss (the progress line shows rank 0's)
       if (step == 0) first_loss = loss_value;
@@ -82,6 +94,7 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       std::printf("trained %lld steps: loss %.3f -> %.3f (a uniform guess scores %.3f)\n",
                   static_cast<long long>(train.steps), first_loss, loss_value, std::log(256.0));
+      ddp.gather_parameters();  // mixed precision: the last step's masters into the model
       model->eval();
       std::printf("sample: \"%s\"\n", tiny_lm::generate(model, "the cat ", 60).c_str());
       torch::save(model, save);

@@ -21,9 +21,12 @@
 #include <tandem/runtime/context.h>
 #include <tandem/runtime/dist_env.h>
 #include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/grad_norm.h>
 #include <tandem/runtime/grad_scaler.h>
 #include <tandem/runtime/init.h>
+#include <tandem/runtime/join.h>
 #include <tandem/runtime/metrics.h>
+#include <tandem/runtime/mixed_precision.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <tandem/runtime/pipeline_schedule.h>
 #include <tandem/runtime/pipeline_simulate.h>

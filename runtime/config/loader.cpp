@@ -302,6 +302,14 @@ std::shared_ptr<GradCodec> Config::make_codec() const {
   throw ConfigError("compression.wire = '" + wire + "' is not fp32, fp16 or bf16.");
 }
 
+GradScalerOptions Config::scaler_options() const {
+  GradScalerOptions o = precision.scaler;
+  const bool fp16 = precision.autocast == at::kHalf || ddp.mixed_precision.param_dtype == at::kHalf;
+  o.enabled = precision.scaler_mode == PrecisionConfig::Scaler::kOn ||
+              (precision.scaler_mode == PrecisionConfig::Scaler::kAuto && fp16);
+  return o;
+}
+
 LoadedConfig load_config(const ConfigInputs& inputs) {
   LoadedConfig out;
   Merger merger(out.config, out.source);

@@ -86,6 +86,29 @@ std::vector<KeySpec> build() {
                      "Steps over which the ratio falls from 1 to compression.topk.ratio (0: none)."));
   k.push_back(boolean("compression.sign.error_feedback", TANDEM_REF(compression.sign.error_feedback),
                       "Add what the sign lost to the next step's gradient."));
+  // precision
+  const std::vector<std::pair<std::string, at::ScalarType>> dtypes = {
+      {"fp32", at::kFloat}, {"bf16", at::kBFloat16}, {"fp16", at::kHalf}};
+  k.push_back(choice("precision.param_dtype", TANDEM_REF(ddp.mixed_precision.param_dtype), dtypes,
+                     "Parameters' dtype in forward and backward (bf16/fp16: fp32 masters are what the optimizer steps)."));
+  k.push_back(boolean("precision.reduce_in_fp32", TANDEM_REF(ddp.mixed_precision.reduce_in_fp32),
+                      "Reduce the gradients of low-precision parameters in fp32 (false: in param_dtype)."));
+  k.push_back(choice("precision.autocast", TANDEM_REF(precision.autocast), dtypes,
+                     "Autocast the forward to this dtype (fp32: off; CPU: bf16; CUDA: fp16 or bf16)."));
+  k.push_back(choice("precision.scaler.enabled", TANDEM_REF(precision.scaler_mode),
+                     std::vector<std::pair<std::string, PrecisionConfig::Scaler>>{
+                         {"auto", PrecisionConfig::Scaler::kAuto},
+                         {"true", PrecisionConfig::Scaler::kOn},
+                         {"false", PrecisionConfig::Scaler::kOff}},
+                     "Dynamic loss scaling (auto: when autocast or the parameters are fp16)."));
+  k.push_back(number("precision.scaler.init_scale", TANDEM_REF(precision.scaler.init_scale), gt(0),
+                     "Initial loss scale."));
+  k.push_back(number("precision.scaler.growth_factor", TANDEM_REF(precision.scaler.growth_factor), gt(1),
+                     "The scale grows by this after growth_interval steps without inf/NaN."));
+  k.push_back(number("precision.scaler.backoff_factor", TANDEM_REF(precision.scaler.backoff_factor),
+                     in(0, 1, true, true), "The scale shrinks by this on a step with inf/NaN (skipped)."));
+  k.push_back(number("precision.scaler.growth_interval", TANDEM_REF(precision.scaler.growth_interval), ge(1),
+                     "Clean steps in a row before the scale grows."));
   // pipeline
   k.push_back(string_choice("pipeline.schedule", TANDEM_REF(pipeline.schedule),
                             {"gpipe", "1f1b", "interleaved", "zbh1"}, "Built-in pipeline schedule."));

@@ -2,9 +2,11 @@
 
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/memory/cpu_allocator.h>
 
 #include "base/strings.h"
+#include "runtime/ddp/master_weights.h"
 #include "runtime/rank_agreement.h"
 
 #include <ATen/core/grad_mode.h>
@@ -75,6 +77,7 @@ DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::
     : module_(std::move(module)), comm_(std::move(comm)), options_(std::move(options)) {
   if (!module_) throw ConfigError("tandem: DistributedDataParallel: module is null.");
   if (!comm_) throw ConfigError("tandem: DistributedDataParallel: communicator is null.");
+  check_mixed_precision(options_.mixed_precision, "DistributedDataParallel");
   // Every parameter, frozen ones included, is checked and broadcast; only trainable ones are
   // reduced.
   std::vector<at::Tensor> all_params, params;
@@ -98,8 +101,40 @@ DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::
   reducer_options.first_bucket_cap_mb = options_.first_bucket_cap_mb;
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  params_ = params;
+  std::vector<at::Tensor> grad_targets;  // empty: the parameters' own .grad
+  if (options_.mixed_precision.enabled()) {
+    std::vector<at::Tensor> frozen;
+    for (const auto& p : all_params) {
+      if (!p.requires_grad()) frozen.push_back(p);
+    }
+    masters_ = std::make_shared<detail::MasterWeights>(params, frozen, options_.mixed_precision.param_dtype);
+    reducer_options.bucket_dtype = options_.mixed_precision.reduce_dtype();
+    grad_targets = masters_->masters();
+  }
   reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), comm_,
-                                       reducer_options, options_.codec);
+                                       reducer_options, options_.codec, std::move(grad_targets));
+}
+
+std::vector<at::Tensor> DistributedDataParallelCore::parameters() const {
+  return masters_ ? masters_->masters() : params_;
+}
+
+void DistributedDataParallelCore::register_checkpoint(CheckpointManager& ckpt, const std::string& name) {
+  if (masters_) {
+    ckpt.add(name, masters_->module_state(*module_), Sharding::kReplicated);
+  } else {
+    ckpt.add_module(name, *module_);
+  }
+}
+
+void DistributedDataParallelCore::gather_parameters() {
+  // synced_ stays: a step after this call must still reach the model at the next forward.
+  if (masters_) masters_->cast_into_model(synced_);
+}
+
+at::ScalarType DistributedDataParallelCore::input_dtype() const {
+  return masters_ ? options_.mixed_precision.param_dtype : at::ScalarType::Undefined;
 }
 
 DistributedDataParallelCore::~DistributedDataParallelCore() = default;
@@ -110,11 +145,30 @@ thread_local int64_t t_forward_begin_us = 0;
 }  // namespace
 
 void DistributedDataParallelCore::pre_forward() {
+  // First, so a joined rank's shadow step (tandem/runtime/join.h) issues what follows in order.
+  if (join_active_ && at::GradMode::is_enabled()) detail::notify_join(*comm_, sync_);
   reducer_->prepare_for_forward();
+  if (masters_) {
+    masters_->cast_into_model(synced_);  // what the optimizer stepped
+    synced_ = false;
+  }
   if (options_.broadcast_buffers) broadcast_buffers();
   if (trace::enabled()) {
     memory::sample_allocator_counter();
     t_forward_begin_us = trace::now_us();
+  }
+}
+
+void DistributedDataParallelCore::shadow_step(bool sync) {
+  reducer_->prepare_for_forward();
+  if (masters_) {
+    masters_->cast_into_model(synced_);
+    synced_ = false;
+  }
+  if (options_.broadcast_buffers) broadcast_buffers();
+  if (sync) {
+    reducer_->shadow_backward();
+    synced_ = true;
   }
 }
 
@@ -127,6 +181,7 @@ void DistributedDataParallelCore::post_forward(const std::vector<at::Tensor>& ou
   }
   if (!at::GradMode::is_enabled()) return;  // evaluation: no backward expected
   if (sync_) {
+    synced_ = true;  // the optimizer may step the masters before the next forward
     reducer_->prepare_for_backward(outputs);
   } else {
     reducer_->prepare_for_accumulation();

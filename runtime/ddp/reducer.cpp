@@ -37,7 +37,7 @@ class ReadyHook : public torch::autograd::FunctionPostHook {
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                  std::shared_ptr<Communicator> comm, ReducerOptions options,
-                 std::shared_ptr<GradCodec> codec)
+                 std::shared_ptr<GradCodec> codec, std::vector<at::Tensor> grad_targets)
     : state_(std::make_shared<detail::ReducerState>()) {
   if (params.size() != names.size()) {
     throw ConfigError("tandem: Reducer: " + std::to_string(params.size()) + " parameters but " +
@@ -56,6 +56,18 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
                         "' must be a defined leaf tensor that requires grad.");
     }
   }
+  if (!grad_targets.empty() && grad_targets.size() != params.size()) {
+    throw ConfigError("tandem: Reducer: " + std::to_string(grad_targets.size()) +
+                      " gradient targets for " + std::to_string(params.size()) + " parameters.");
+  }
+  for (size_t i = 0; i < grad_targets.size(); ++i) {
+    if (grad_targets[i].numel() != params[i].numel()) {
+      throw ConfigError("tandem: Reducer: the gradient target of parameter '" + names[i] +
+                        "' has " + std::to_string(grad_targets[i].numel()) + " elements, the parameter " +
+                        std::to_string(params[i].numel()) + ".");
+    }
+  }
+  s.targets = grad_targets.empty() ? params : std::move(grad_targets);
   s.params = std::move(params);
   s.names = std::move(names);
   s.comm = std::move(comm);
@@ -121,6 +133,23 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   s.reset_iteration();
   s.mode = ReducerState::Mode::kSynchronizing;
   if (s.options.find_unused_parameters) s.find_unused(outputs);
+}
+
+void Reducer::shadow_backward() {
+  auto& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.reset_iteration();
+    s.mode = ReducerState::Mode::kSynchronizing;
+    if (s.options.find_unused_parameters) s.find_unused({});  // used nowhere here
+    s.deferred_unused.clear();
+    s.callback_queued = true;
+    for (size_t p = 0; p < s.params.size(); ++p) {
+      s.view(static_cast<int64_t>(p)).zero_();
+      s.mark_ready(static_cast<int64_t>(p));
+    }
+  }
+  s.finalize();
 }
 
 void Reducer::prepare_for_accumulation() {

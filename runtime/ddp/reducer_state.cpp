@@ -24,6 +24,15 @@ at::Tensor ReducerState::view(int64_t param) const {
       .detach();
 }
 
+at::ScalarType ReducerState::bucket_dtype(int64_t param) const {
+  return options.bucket_dtype == at::ScalarType::Undefined ? params[param].scalar_type()
+                                                           : options.bucket_dtype;
+}
+
+bool ReducerState::target_is_view(int64_t param) const {
+  return options.gradient_as_bucket_view && targets[param].scalar_type() == bucket_dtype(param);
+}
+
 void ReducerState::build(const BucketPlan& plan) {
   buckets.clear();
   location.assign(params.size(), {-1, -1});
@@ -38,17 +47,18 @@ void ReducerState::build(const BucketPlan& plan) {
       location[p] = {static_cast<int64_t>(b), static_cast<int64_t>(bucket.grads.offsets.size() - 1)};
       total += params[p].numel();
     }
-    bucket.grads.buffer = at::zeros({total}, params[plan[b].front()].options().requires_grad(false));
+    const int64_t first = plan[b].front();
+    bucket.grads.buffer =
+        at::zeros({total}, params[first].options().dtype(bucket_dtype(first)).requires_grad(false));
     buckets.push_back(std::move(bucket));
   }
-  if (options.gradient_as_bucket_view) {
-    for (size_t p = 0; p < params.size(); ++p) {
-      at::Tensor& grad = params[p].mutable_grad();
-      at::Tensor v = view(static_cast<int64_t>(p));
-      if (grad.defined()) {
-        v.copy_(grad);
-        grad = v;
-      }
+  for (size_t p = 0; p < params.size(); ++p) {
+    if (!target_is_view(static_cast<int64_t>(p))) continue;
+    at::Tensor& grad = targets[p].mutable_grad();
+    at::Tensor v = view(static_cast<int64_t>(p));
+    if (grad.defined()) {
+      v.copy_(grad);
+      grad = v;
     }
   }
 }
@@ -56,9 +66,9 @@ void ReducerState::build(const BucketPlan& plan) {
 BucketPlan ReducerState::plan_for(const std::vector<int64_t>& order) const {
   std::vector<at::ScalarType> dtypes;
   std::vector<int64_t> bytes;
-  for (const auto& p : params) {
-    dtypes.push_back(p.scalar_type());
-    bytes.push_back(p.numel() * static_cast<int64_t>(p.element_size()));
+  for (size_t p = 0; p < params.size(); ++p) {
+    dtypes.push_back(bucket_dtype(static_cast<int64_t>(p)));
+    bytes.push_back(params[p].numel() * static_cast<int64_t>(c10::elementSize(dtypes.back())));
   }
   return plan_buckets(order, dtypes, bytes,
                       static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
@@ -71,6 +81,11 @@ void ReducerState::copy_into_bucket(int64_t p) {
   at::Tensor& grad = params[p].mutable_grad();
   if (!grad.defined()) {
     v.zero_();
+  } else if (!targets[p].is_same(params[p])) {
+    // Mixed precision: the low-precision gradient is cast into the bucket and released, so the
+    // next backward starts from none (the optimizer only clears the masters' .grad).
+    v.copy_(grad);
+    grad.reset();
   } else if (options.gradient_as_bucket_view) {
     if (!grad.is_alias_of(v)) {
       v.copy_(grad);
@@ -204,13 +219,13 @@ void ReducerState::finalize() {
   for (size_t p = 0; p < params.size(); ++p) {
     if (!used_anywhere(static_cast<int64_t>(p))) continue;  // no rank used it: .grad untouched
     at::Tensor v = view(static_cast<int64_t>(p));
-    at::Tensor& grad = params[p].mutable_grad();
-    if (options.gradient_as_bucket_view) {
+    at::Tensor& grad = targets[p].mutable_grad();
+    if (target_is_view(static_cast<int64_t>(p))) {
       if (!grad.defined() || !grad.is_alias_of(v)) grad = v;
     } else if (grad.defined()) {
       grad.copy_(v);
     } else {
-      grad = v.clone();
+      grad = v.to(targets[p].scalar_type(), /*non_blocking=*/false, /*copy=*/true);
     }
   }
   std::fill(locally_used.begin(), locally_used.end(), 0);

@@ -32,6 +32,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
   };
 
   std::vector<at::Tensor> params;
+  std::vector<at::Tensor> targets;  // whose .grad get the averages: `params`, or their masters
   std::vector<std::string> names;
   std::shared_ptr<Communicator> comm;
   ReducerOptions options;
@@ -63,6 +64,10 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
   // Buckets (reducer_state.cpp); the caller holds `mutex` unless said otherwise.
   // Parameter `param`'s slot in its bucket, shaped like the parameter.
   at::Tensor view(int64_t param) const;
+  // The dtype of `param`'s bucket.
+  at::ScalarType bucket_dtype(int64_t param) const;
+  // Whether `param`'s target may hold its bucket slot as .grad (gradient_as_bucket_view).
+  bool target_is_view(int64_t param) const;
   // Allocates the buckets of `plan`; with gradient_as_bucket_view, existing `.grad`s move in.
   void build(const BucketPlan& plan);
   // The plan for `order` under the options' caps.

@@ -1,12 +1,14 @@
 #include <tandem/runtime/grad_scaler.h>
 
 #include <tandem/base/errors.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
 
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/optim/optimizer.h>
 
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/scalar_tensor.h>
 
 #include <cmath>
 #include <cstring>
@@ -38,7 +40,9 @@ GradScaler::Stage& GradScaler::stage_of(torch::optim::Optimizer& optimizer) {
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
   if (!options_.enabled) return loss;
-  return loss * at::scalar_tensor(scale_, loss.options().dtype(at::kFloat));
+  // In float32 whatever the loss's dtype (as PyTorch, whose scale is a float32 tensor): the
+  // scaled loss itself cannot overflow; the cast back in backward is where fp16 overflows show.
+  return loss.to(at::kFloat) * at::scalar_tensor(scale_, loss.options().dtype(at::kFloat));
 }
 
 void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
@@ -135,6 +139,11 @@ void GradScaler::load_state(const std::map<std::string, CheckpointValue>& state)
   growth_tracker_ = std::get<int64_t>(tracker->second);
 }
 
+void GradScaler::register_checkpoint(CheckpointManager& ckpt, const std::string& name) {
+  ckpt.add_values(name, [this] { return state(); },
+                  [this](const std::map<std::string, CheckpointValue>& s) { load_state(s); });
+}
+
 AutocastGuard::AutocastGuard(c10::DeviceType device, at::ScalarType dtype, bool enabled)
     : device_(device) {
   if (device == c10::DeviceType::CPU) {
@@ -145,7 +154,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, at::ScalarType dtype, bool 
     previous_enabled_ = at::autocast::is_cpu_enabled();
     previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
     at::autocast::set_cpu_enabled(enabled);
-    at::autocast::set_autocast_cpu_dtype(dtype);
+    if (enabled) at::autocast::set_autocast_cpu_dtype(dtype);
   } else if (device == c10::DeviceType::CUDA) {
     if (enabled && dtype != at::kHalf && dtype != at::kBFloat16) {
       throw ConfigError(std::string("tandem: autocast on CUDA runs in float16 or bfloat16, got ") +
@@ -154,7 +163,7 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, at::ScalarType dtype, bool 
     previous_enabled_ = at::autocast::is_enabled();
     previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
     at::autocast::set_enabled(enabled);
-    at::autocast::set_autocast_gpu_dtype(dtype);
+    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
   } else {
     throw ConfigError(std::string("tandem: autocast supports CPU and CUDA, not ") +
                       c10::DeviceTypeName(device) + ".");

@@ -19,11 +19,14 @@ struct FlatUnit {
   std::vector<int64_t> offsets; // element offset of each in the flat buffer
   int64_t numel = 0;            // sum of the parameters' numels (the flat buffer without padding)
   int64_t shard_numel = 0;      // S: ceil(numel / group size); the flat buffer holds S * group
-  at::TensorOptions options;    // dtype and device of every parameter of the unit
+  at::TensorOptions options;    // dtype and device of every parameter of the unit (as computed)
+  at::TensorOptions master_options;  // of `shard`: float32 under mixed precision, else `options`
+  at::TensorOptions grad_options;    // of `grad_flat`: the dtype gradients are reduced in
 
   at::Tensor flat;   // [S * group] full parameters; the parameters are views of it
   at::Tensor shard;  // [S] leaf requiring grad: what the optimizer steps (a view of `flat` in
-                     // stages 1-2, memory of its own in stage 3)
+                     // stages 1-2, memory of its own in stage 3 and under mixed precision,
+                     // where it is the fp32 master)
   bool materialized = true;  // stage 3: whether `flat` has memory now
 
   // Gathering (the shard into `flat`).
@@ -31,6 +34,9 @@ struct FlatUnit {
   at::Tensor gather_input;       // kept alive until gather_work completed
   int64_t gathered_version = 0;  // shard's version counter when `flat` was last made current
   bool gather_prefetched = false;
+  bool stale = false;  // a synchronised backward ended since the last gather, so the optimizer
+                       // may have stepped the shard through .data() (libtorch's SGD does), which
+                       // bumps no version counter: gather again
   int64_t gather_begin_us = 0;
 
   // Gradients of one backward.

@@ -5,6 +5,7 @@
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
 #include <tandem/memory/cpu_allocator.h>
+#include <tandem/runtime/grad_norm.h>
 
 #include "runtime/rank_agreement.h"
 #include "runtime/sharded/sharded_state.h"
@@ -89,7 +90,11 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
     throw ConfigError("tandem: ShardedDataParallel: ddp.bucket_cap_mb and ddp.first_bucket_cap_mb "
                       "must be positive (--set ddp.bucket_cap_mb=25).");
   }
+  check_mixed_precision(ddp.mixed_precision, "ShardedDataParallel");
   s.wire_dtype = wire_dtype_of(sharding, ddp);
+  s.mixed = ddp.mixed_precision;
+  // Mixed precision without a cast on the wire: gradients travel in the dtype they are reduced in.
+  if (s.mixed.enabled() && s.wire_dtype == at::kFloat) s.wire_dtype = s.mixed.reduce_dtype();
   s.module = std::move(module);
   s.world = std::move(comm);
   s.options = std::move(sharding);
@@ -109,14 +114,20 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
       if (u.numel == 0) continue;
       s.world->broadcast(u.flat, 0)->wait();
       const int64_t begin = static_cast<int64_t>(s.shard_rank()) * u.shard_numel;
+      if (s.mixed.enabled()) s.lower_precision(u);  // the shard takes the fp32 values first
       if (s.stage() == 3) {
-        detail::copy_without_version_bump(u.shard, u.flat.narrow(0, begin, u.shard_numel));
+        if (!s.mixed.enabled()) {
+          detail::copy_without_version_bump(u.shard, u.flat.narrow(0, begin, u.shard_numel));
+        }
         detail::free_storage(u.flat);
         u.materialized = false;
       }
       u.gathered_version = u.shard._version();
     }
-    for (auto& t : s.frozen) s.world->broadcast(t, 0)->wait();
+    for (auto& t : s.frozen) {
+      s.world->broadcast(t, 0)->wait();
+      if (s.mixed.enabled() && t.is_floating_point()) t.set_data(t.detach().to(s.mixed.param_dtype));
+    }
     for (auto& t : s.buffers) s.world->broadcast(t, 0)->wait();
   }
   for (size_t p = 0; p < s.params.size(); ++p) {
@@ -137,6 +148,8 @@ ShardedDataParallelCore::~ShardedDataParallelCore() {
 
 void ShardedDataParallelCore::pre_forward() {
   State& s = *state_;
+  // First, so a joined rank's shadow step (tandem/runtime/join.h) issues what follows in order.
+  if (s.join_active && torch::autograd::GradMode::is_enabled()) detail::notify_join(*s.world, s.sync);
   std::lock_guard<std::mutex> lock(s.mutex);
   if (s.mode == State::Mode::kSynchronizing && s.callback_queued) {
     s.mode = State::Mode::kIdle;
@@ -151,6 +164,9 @@ void ShardedDataParallelCore::pre_forward() {
   s.mode = State::Mode::kIdle;
   s.gather_wait_seconds = 0;
   trace::Span span("sharded pre-forward", trace::kComm);
+  if (fresh_gradients) {
+    for (auto& u : s.units) u.stale = true;  // the optimizer consumed them: shards may have moved
+  }
   if (s.stage() == 1 && fresh_gradients) {
     // The last synchronised backward was consumed by the optimizer step; accumulate anew.
     for (auto& u : s.units) {
@@ -203,6 +219,39 @@ void ShardedDataParallelCore::post_forward(const std::vector<at::Tensor>& output
   s.arm_backward(outputs);
 }
 
+Communicator& ShardedDataParallelCore::join_communicator() { return *state_->world; }
+
+void ShardedDataParallelCore::set_join_active(bool active) { state_->join_active = active; }
+
+void ShardedDataParallelCore::shadow_step(bool sync) {
+  State& s = *state_;
+  const bool previous = s.sync;
+  s.sync = sync;
+  try {
+    pre_forward();
+    // Stage 3: each unit's forward gathers, in the order every rank ran them last step.
+    if (s.stage() == 3) {
+      for (int u : std::vector<int>(s.last_forward_order)) {
+        s.before_forward(u);
+        s.after_forward(u, {});
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mutex);
+      s.arm_backward({});
+    }
+    s.finalize();  // no gradient arrives: every unit completes here, with zeros
+  } catch (...) {
+    s.sync = previous;
+    throw;
+  }
+  s.sync = previous;
+}
+
+at::ScalarType ShardedDataParallelCore::input_dtype() const {
+  return state_->mixed.enabled() ? state_->mixed.param_dtype : at::ScalarType::Undefined;
+}
+
 std::vector<at::Tensor> ShardedDataParallelCore::parameters() const {
   std::vector<at::Tensor> shards;
   for (const auto& u : state_->units) {
@@ -212,31 +261,8 @@ std::vector<at::Tensor> ShardedDataParallelCore::parameters() const {
 }
 
 double ShardedDataParallelCore::clip_grad_norm(double max_norm, double norm_type) {
-  State& s = *state_;
-  const bool inf = std::isinf(norm_type);
-  if (!(norm_type == 2.0 || inf) || !(max_norm > 0)) {
-    throw ConfigError("tandem: ShardedDataParallel::clip_grad_norm: norm_type must be 2 or inf and "
-                      "max_norm positive (got " + std::to_string(norm_type) + ", " +
-                      std::to_string(max_norm) + ").");
-  }
-  double local = 0;
-  for (const auto& u : s.units) {
-    if (u.numel == 0 || !u.shard.grad().defined()) continue;
-    const at::Tensor g = u.shard.grad().to(at::kDouble);
-    local = inf ? std::max(local, g.abs().max().item<double>()) : local + g.pow(2).sum().item<double>();
-  }
-  at::Tensor total = at::empty({1}, at::kDouble);
-  total.data_ptr<double>()[0] = local;
-  // Replicas hold identical shards: the shard group alone covers every element once.
-  s.shard_comm->allreduce(total, inf ? ReduceOp::kMax : ReduceOp::kSum)->wait();
-  const double norm = inf ? total.data_ptr<double>()[0] : std::sqrt(total.data_ptr<double>()[0]);
-  const double scale = max_norm / (norm + 1e-6);
-  if (std::isfinite(norm) && scale < 1.0) {
-    for (auto& u : s.units) {
-      if (u.numel > 0 && u.shard.grad().defined()) u.shard.mutable_grad().mul_(scale);
-    }
-  }
-  return norm;
+  // Replicas hold identical shards (hybrid): the shard group alone covers every element once.
+  return tandem::clip_grad_norm(parameters(), max_norm, norm_type, state_->shard_comm.get());
 }
 
 void ShardedDataParallelCore::gather_parameters() {

@@ -57,14 +57,19 @@ void State::gather(int u, bool prefetch) {
   detail::FlatUnit& unit = units[u];
   if (unit.gather_work || unit.numel == 0) return;
   if (stage() < 3) {
-    if (unit.shard._version() == unit.gathered_version) return;  // nothing stepped since
+    if (!unit.stale && unit.shard._version() == unit.gathered_version) return;  // nothing stepped
   } else {
-    if (unit.materialized) return;
-    detail::allocate_storage(unit.flat);
+    if (unit.materialized && !unit.stale) return;
+    if (!unit.materialized) detail::allocate_storage(unit.flat);
     unit.materialized = true;
   }
-  // Stages 1-2: the shard is a slice of the output; the collective gets a copy of it.
-  unit.gather_input = stage() < 3 ? unit.shard.detach().clone() : unit.shard.detach();
+  // Stages 1-2: the shard is a slice of the output; the collective gets a copy of it. Mixed
+  // precision: the fp32 master, cast.
+  if (mixed.enabled()) {
+    unit.gather_input = unit.shard.detach().to(unit.options.dtype().toScalarType());
+  } else {
+    unit.gather_input = stage() < 3 ? unit.shard.detach().clone() : unit.shard.detach();
+  }
   unit.gather_prefetched = prefetch;
   unit.gather_begin_us = trace::enabled() ? trace::now_us() : 0;
   unit.gather_work = shard_comm->allgather(alias_of(unit.flat), unit.gather_input);
@@ -80,6 +85,7 @@ void State::wait_gathered(int u) {
   unit.gather_work.reset();
   unit.gather_input = at::Tensor();
   unit.gathered_version = unit.shard._version();
+  unit.stale = false;
   if (unit.gather_begin_us != 0) {
     trace::async_span("unit " + unit.name + " all-gather", trace::kComm,
                       static_cast<uint64_t>(step) * 8192 + static_cast<uint64_t>(u) * 2,

@@ -126,6 +126,18 @@ void State::lay_out(detail::FlatUnit& u) {
     u.numel += p.numel();
   }
   if (u.params.empty()) return;
+  u.master_options = u.options;
+  u.grad_options = u.options;
+  if (mixed.enabled()) {
+    if (u.options.dtype() != at::kFloat) {
+      throw ConfigError("tandem: ShardedDataParallel: unit '" + u.name + "' holds " +
+                        std::string(c10::toString(u.options.dtype().toScalarType())) +
+                        " parameters; mixed precision (precision.param_dtype) keeps float32 masters "
+                        "of float32 parameters. Build the model in float32, or --set "
+                        "precision.param_dtype=fp32.");
+    }
+    u.grad_options = u.options.dtype(mixed.reduce_dtype());
+  }
   u.shard_numel = (u.numel + n - 1) / n;
   torch::autograd::AutoGradMode no_grad(false);
   u.flat = at::zeros({u.padded_numel(n)}, u.options);
@@ -144,7 +156,7 @@ void State::lay_out(detail::FlatUnit& u) {
     u.shard = u.flat.narrow(0, begin, u.shard_numel).clone();
   }
   u.shard.requires_grad_(true);
-  if (stage() == 1) {
+  if (stage() == 1 && !mixed.enabled()) {
     // Stage 1 keeps full gradients: the parameters' .grad live in grad_flat, as DDP's buckets.
     u.grad_flat = at::zeros({u.padded_numel(n)}, u.options);
     for (size_t k = 0; k < u.params.size(); ++k) {
@@ -152,6 +164,23 @@ void State::lay_out(detail::FlatUnit& u) {
       p.mutable_grad() = u.grad_flat.narrow(0, u.offsets[k], p.numel()).view(p.sizes()).detach();
     }
   }
+}
+
+void State::lower_precision(detail::FlatUnit& u) {
+  if (u.params.empty()) return;
+  torch::autograd::AutoGradMode no_grad(false);
+  const int64_t begin = static_cast<int64_t>(shard_rank()) * u.shard_numel;
+  u.shard = u.flat.narrow(0, begin, u.shard_numel).clone().requires_grad_(true);
+  u.options = u.options.dtype(mixed.param_dtype);
+  at::Tensor low = u.flat.to(mixed.param_dtype);
+  for (size_t k = 0; k < u.params.size(); ++k) {
+    at::Tensor& p = params[u.params[k]];
+    p.set_data(low.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
+  }
+  u.flat = low;
+  // Stage 1 keeps full gradients, in the reduce dtype; the parameters' low-precision .grad are
+  // copied in when the unit is reduced.
+  if (stage() == 1) u.grad_flat = at::zeros({u.padded_numel(shard_size())}, u.grad_options);
 }
 
 void State::verify_same_everywhere() {

@@ -122,6 +122,15 @@ void State::advance_reduces() {
   }
 }
 
+at::Tensor State::reduce_output(detail::FlatUnit& unit) {
+  const int64_t S = unit.shard_numel;
+  if (stage() == 1 && unit.grad_options.dtype() == unit.master_options.dtype()) {
+    return unit.grad_flat.narrow(0, shard_rank() * S, S);
+  }
+  if (!unit.grad_shard.defined()) unit.grad_shard = at::empty({S}, unit.master_options);
+  return unit.grad_shard;
+}
+
 void State::reduce(int u) {
   detail::FlatUnit& unit = units[u];
   if (reduce_next == 1) first_reduce = std::chrono::steady_clock::now();
@@ -131,7 +140,7 @@ void State::reduce(int u) {
   const int64_t S = unit.shard_numel;
   if (stage() >= 2) {
     // The full gradients exist only until this reduce-scatter is done.
-    unit.grad_flat = at::empty({unit.padded_numel(n)}, unit.options);
+    unit.grad_flat = at::empty({unit.padded_numel(n)}, unit.grad_options);
     if (unit.padded_numel(n) > unit.numel) unit.grad_flat.narrow(0, unit.numel, unit.padded_numel(n) - unit.numel).zero_();
     for (size_t k = 0; k < unit.params.size(); ++k) {
       at::Tensor& grad = params[unit.params[k]].mutable_grad();
@@ -143,7 +152,6 @@ void State::reduce(int u) {
         slot.zero_();
       }
     }
-    if (!unit.grad_shard.defined()) unit.grad_shard = at::empty({S}, unit.options);
   } else {
     // Stage 1: the parameters' .grad are views of grad_flat (set at construction); one whose
     // .grad was replaced (e.g. assigned by the user) is copied in.
@@ -155,12 +163,15 @@ void State::reduce(int u) {
         slot.zero_();
       } else if (!grad.is_alias_of(slot)) {
         slot.copy_(grad.reshape({-1}));
+        // Mixed precision: the next backward starts from no low-precision gradient.
+        if (mixed.enabled()) params[unit.params[k]].mutable_grad().reset();
       }
     }
   }
-  at::Tensor output = stage() >= 2 ? unit.grad_shard : unit.grad_flat.narrow(0, shard_rank() * S, S);
+  at::Tensor output = reduce_output(unit);
   unit.reduce_begin_us = trace::enabled() ? trace::now_us() : 0;
-  if (wire_dtype == unit.options.dtype().toScalarType()) {
+  if (wire_dtype == unit.grad_options.dtype().toScalarType() &&
+      output.scalar_type() == wire_dtype) {
     unit.reduce_work = reduce_comm->reduce_scatter(output, unit.grad_flat, ReduceOp::kAvg);
   } else {
     // Low precision on the wire: divided first (no overflow), summed in wire_dtype, cast back.
@@ -183,8 +194,7 @@ void State::finish_reduce(int u) {
   if (unit.numel == 0 || !unit.reduce_work) return;
   unit.reduce_work->wait();
   unit.reduce_work.reset();
-  const int64_t S = unit.shard_numel;
-  at::Tensor output = stage() >= 2 ? unit.grad_shard : unit.grad_flat.narrow(0, shard_rank() * S, S);
+  at::Tensor output = reduce_output(unit);
   if (unit.grad_wire.defined()) {
     output.copy_(unit.grad_wire);
     unit.grad_wire = at::Tensor();

@@ -43,6 +43,7 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   ShardingOptions options;
   DistributedDataParallelOptions ddp;
   at::ScalarType wire_dtype = at::kFloat;  // reduce_dtype, or the codec's cast (fp16/bf16)
+  MixedPrecisionOptions mixed;             // ddp.mixed_precision: low-precision parameters
 
   std::vector<at::Tensor> params;  // trainable parameters, registration order
   std::vector<std::string> names;
@@ -58,6 +59,7 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   mutable std::mutex mutex;
   Mode mode = Mode::kIdle;
   bool sync = true;
+  bool join_active = false;        // a Join lives: each training forward notifies it
   int64_t step = 0;
   std::vector<int> forward_order;       // stage 3: units in the order their forward ran
   std::vector<int> last_forward_order;  // of the previous step (prefetch plan)
@@ -79,6 +81,12 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   // runtime/sharded/sharded_layout.cpp
   void build_units();
   void lay_out(detail::FlatUnit& u);
+  // Mixed precision, after the initial broadcast: the fp32 values become the shard (master) and
+  // the flat buffer under the parameters is cast to param_dtype.
+  void lower_precision(detail::FlatUnit& u);
+  // Where a unit's averaged gradient slice lands: a slice of grad_flat (stage 1 when its dtype is
+  // the shard's) or grad_shard (allocated here when needed).
+  at::Tensor reduce_output(detail::FlatUnit& u);
   void verify_same_everywhere();
 
   // runtime/sharded/sharded_gather.cpp

@@ -342,7 +342,7 @@ std::string other_value(const ConfigKeyInfo& k) {
       start = bar + 3;
     }
   } else {
-    candidates = {"3", "0.5", "7", "2", "4096", "64KiB"};
+    candidates = {"3", "0.5", "0.25", "7", "2", "4096", "64KiB"};
   }
   for (const auto& v : candidates) {
     if (v == k.default_value) continue;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one example as a user would (tandemrun, 2 workers, in a fresh directory) and checks what it
 # claims to demonstrate. Used by ctest (tests/examples/CMakeLists.txt).
-#   check_example.sh TANDEMRUN EXAMPLE_BINARY lm|compressed|fault_tolerant|pipeline
+#   check_example.sh TANDEMRUN EXAMPLE_BINARY lm|lm_bf16|compressed|fault_tolerant|pipeline
 set -euo pipefail
 tandemrun="$1" binary="$2" kind="$3"
 configs="$(cd "$(dirname "$0")/../../examples/configs" && pwd)"
@@ -31,6 +31,20 @@ case "$kind" in
     # The loss must fall well below the uniform guess (ln 256 = 5.545) within 40 steps.
     awk '/trained 40 steps/ { for (i = 1; i <= NF; i++) if ($i == "->") last = $(i + 1) }
          END { exit !(last != "" && last + 0 < 3.0) }' <<<"$out" || fail "loss did not fall below 3.0"
+    ;;
+  lm_bf16)
+    # Issue 18: bf16 parameters under bf16 autocast with fp32 masters end within 2% of fp32's
+    # loss after 300 steps (same seed, same batches).
+    final_loss() { awk '/trained 300 steps/ { for (i = 1; i <= NF; i++) if ($i == "->") print $(i + 1) }'; }
+    fp32="$(run "$binary" --config "$configs/train_lm.yaml" --save fp32.pt)"; echo "$fp32"
+    bf16="$(run "$binary" --config "$configs/train_lm.yaml" --config "$configs/train_lm_bf16.yaml" --save bf16.pt)"
+    echo "$bf16"
+    grep -q "parameters BFloat16, autocast BFloat16" <<<"$bf16" || fail "precision.* was not applied"
+    a="$(final_loss <<<"$fp32")" b="$(final_loss <<<"$bf16")"
+    [ -n "$a" ] && [ -n "$b" ] || fail "no final loss"
+    awk -v a="$a" -v b="$b" 'BEGIN { d = (b - a) / a; if (d < 0) d = -d; exit !(d <= 0.02) }' \
+      || fail "bf16 loss $b is not within 2% of fp32's $a"
+    echo "final loss: fp32 $a, bf16 $b"
     ;;
   compressed)
     out="$(run "$binary" --config "$configs/train_compressed.yaml" --set compression.codec=fp16 \

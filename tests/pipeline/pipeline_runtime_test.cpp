@@ -7,10 +7,12 @@
 // Models and data are made on the test's main thread (torch::manual_seed is process-global).
 #include <gtest/gtest.h>
 #include <tandem/base/errors.h>
+#include <tandem/runtime/grad_norm.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <mutex>
 
@@ -118,6 +120,26 @@ INSTANTIATE_TEST_SUITE_P(Schedules, PipelineGradients,
 
 std::shared_ptr<Communicator> borrow(Communicator& comm) {
   return std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
+}
+
+// Issue 18: clip_grad_norm over the pipeline group is the full model's single-process norm.
+TEST(PipelineRuntime, ClipGradNormAcrossStagesIsTheSingleProcessNorm) {
+  std::vector<torch::nn::Sequential> models = {make_model(5), make_model(5)};
+  const auto batch = make_batch(16, 21);
+  double want = 0;
+  for (const auto& [name, g] : reference_grads(5, {batch})) want += g.to(at::kDouble).pow(2).sum().item<double>();
+  want = std::sqrt(want);
+  std::vector<double> got(2);
+  run_ranks(2, [&](Communicator& comm) {
+    PipelineOptions o;
+    o.schedule = "1f1b";
+    PipelineParallel pipe(models[comm.rank()], borrow(comm), o);
+    pipe.train_step(batch.x, batch.y, mse);
+    got[comm.rank()] = clip_grad_norm(pipe.parameters(), want / 4, 2.0, &comm);
+    // Clipped to a quarter: the global norm after clipping is max_norm.
+    EXPECT_NEAR(global_grad_norm(pipe.parameters(), 2.0, &comm), want / 4, want * 1e-6);
+  });
+  for (double g : got) EXPECT_NEAR(g, want, want * 1e-6);
 }
 
 TEST(PipelineRuntime, UserScheduleFromTextRuns) {

@@ -28,6 +28,7 @@
 #include <tandem/memory/leak_detector.h>
 #include <tandem/runtime/activation_checkpoint.h>
 #include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/grad_scaler.h>
 #include <tandem/runtime/init.h>
 #include <tandem/runtime/metrics.h>
 #include <tandem/runtime/pipeline_parallel.h>
@@ -59,6 +60,16 @@ struct AllocatorConfig {
   memory::LeakDetectorOptions leaks;
 };
 
+// Mixed precision (docs/mixed_precision.md): what the training loop does. The parameters' dtype
+// and the reduction's (precision.param_dtype, precision.reduce_in_fp32) are part of
+// ddp.mixed_precision, which both data-parallel wrappers read.
+struct PrecisionConfig {
+  enum class Scaler { kAuto, kOn, kOff };
+  at::ScalarType autocast = at::kFloat;  // precision.autocast: fp32 (off) | bf16 | fp16
+  Scaler scaler_mode = Scaler::kAuto;    // precision.scaler.enabled: auto = on when fp16 is used
+  GradScalerOptions scaler;              // precision.scaler.*: PyTorch's defaults
+};
+
 // What the example training programs read.
 struct TrainOptions {
   int64_t steps = 100;
@@ -74,6 +85,7 @@ struct Config {
   DistributedDataParallelOptions ddp;  // ddp.codec is built from `compression` by the loader
   ShardingOptions sharding;            // stage 0: DistributedDataParallel; 1-3: ShardedDataParallel
   CompressionConfig compression;
+  PrecisionConfig precision;
   PipelineOptions pipeline;
   ActivationCheckpointOptions activation;
   AllocatorConfig allocator;
@@ -84,6 +96,8 @@ struct Config {
 
   // A fresh codec from `compression` (nullptr for plain average over fp32). Throws ConfigError.
   std::shared_ptr<GradCodec> make_codec() const;
+  // precision.scaler with `enabled` resolved (auto: on when autocast or the parameters are fp16).
+  GradScalerOptions scaler_options() const;
 };
 
 // One problem found while loading.

@@ -25,6 +25,8 @@
 
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/grad_codec.h>
+#include <tandem/runtime/join.h>
+#include <tandem/runtime/mixed_precision.h>
 #include <tandem/runtime/reducer.h>
 
 #include <torch/nn/module.h>
@@ -40,6 +42,11 @@
 
 namespace tandem {
 
+class CheckpointManager;
+namespace detail {
+class MasterWeights;
+}
+
 struct DistributedDataParallelOptions {
   double bucket_cap_mb = 25.0;        // later buckets close at this size
   double first_bucket_cap_mb = 1.0;   // the first bucket is small so communication starts early
@@ -49,15 +56,16 @@ struct DistributedDataParallelOptions {
   bool gradient_as_bucket_view = true;
   bool broadcast_buffers = true;         // rank 0's buffers to all ranks before each forward
   std::shared_ptr<GradCodec> codec;      // null: average all-reduce
+  MixedPrecisionOptions mixed_precision; // precision.param_dtype / precision.reduce_in_fp32
 };
 
 // The non-template part of DistributedDataParallel (runtime/data_parallel.cpp).
-class DistributedDataParallelCore {
+class DistributedDataParallelCore : public detail::Joinable {
  public:
   DistributedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
                               std::shared_ptr<Communicator> comm,
                               DistributedDataParallelOptions options);
-  ~DistributedDataParallelCore();
+  ~DistributedDataParallelCore() override;
 
   void pre_forward();
   void post_forward(const std::vector<at::Tensor>& outputs);
@@ -82,6 +90,26 @@ class DistributedDataParallelCore {
   std::map<std::string, at::Tensor> state() const;
   void load_state(const std::map<std::string, at::Tensor>& state);
 
+  // The tensors to build the optimizer over: the model's trainable parameters, or under mixed
+  // precision their fp32 masters (the optimizer must step those; the next forward casts them
+  // into the model).
+  std::vector<at::Tensor> parameters() const;
+  // Registers the model with `ckpt` as state `name` (kind "module", replicated): its parameters
+  // under their names - the fp32 masters under mixed precision, so a resume is exact and the
+  // checkpoint loads into an fp32 model too - and its buffers.
+  void register_checkpoint(CheckpointManager& ckpt, const std::string& name);
+  // Makes the model's parameters current between an optimizer step and the next forward (for
+  // evaluation or saving): under mixed precision, casts the masters stepped since into the model;
+  // otherwise there is nothing to do. Named as ShardedDataParallel's.
+  void gather_parameters();
+  // The dtype floating inputs are cast to (Undefined: none).
+  at::ScalarType input_dtype() const;
+
+  // Join (tandem/runtime/join.h).
+  Communicator& join_communicator() override { return *comm_; }
+  void set_join_active(bool active) override { join_active_ = active; }
+  void shadow_step(bool sync) override;
+
   Reducer& reducer() { return *reducer_; }
   Communicator& communicator() { return *comm_; }
   const DistributedDataParallelOptions& options() const { return options_; }
@@ -95,6 +123,10 @@ class DistributedDataParallelCore {
   std::unique_ptr<Reducer> reducer_;
   std::vector<at::Tensor> buffers_;
   bool sync_ = true;
+  bool join_active_ = false;
+  bool synced_ = false;  // a synchronised backward was armed since the last forward
+  std::vector<at::Tensor> params_;                 // trainable, registration order
+  std::shared_ptr<detail::MasterWeights> masters_;  // mixed precision only
 };
 
 namespace detail {
@@ -116,12 +148,13 @@ void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
 template <class T>
 void collect_tensors(const T&, std::vector<at::Tensor>&) {}
 
-// The forward of a data-parallel wrapper: core.pre_forward(), the module's forward, then
-// core.post_forward() with the output's tensors (what backward starts from).
+// The forward of a data-parallel wrapper: core.pre_forward(), the module's forward (floating
+// inputs cast to core.input_dtype() under mixed precision), then core.post_forward() with the
+// output's tensors (what backward starts from).
 template <class Core, class Module, class... Args>
 auto wrapped_forward(Core& core, Module& module, Args&&... args) {
   core.pre_forward();
-  auto output = module.forward(std::forward<Args>(args)...);
+  auto output = module.forward(cast_input(std::forward<Args>(args), core.input_dtype())...);
   std::vector<at::Tensor> tensors;
   collect_tensors(output, tensors);
   core.post_forward(tensors);
@@ -162,6 +195,13 @@ class DistributedDataParallel {
   // Bucket plan and codec state for checkpoints (see DistributedDataParallelCore::state()).
   std::map<std::string, at::Tensor> state() const { return core_->state(); }
   void load_state(const std::map<std::string, at::Tensor>& state) { core_->load_state(state); }
+
+  // What to build the optimizer over (the fp32 masters under mixed precision).
+  std::vector<at::Tensor> parameters() const { return core_->parameters(); }
+  void register_checkpoint(CheckpointManager& ckpt, const std::string& name) {
+    core_->register_checkpoint(ckpt, name);
+  }
+  void gather_parameters() { core_->gather_parameters(); }
 
   const std::shared_ptr<Module>& module() const { return module_; }
   Reducer& reducer() { return core_->reducer(); }

@@ -43,6 +43,8 @@ class Optimizer;
 
 namespace tandem {
 
+class CheckpointManager;
+
 // Config section precision.scaler (docs/mixed_precision.md); PyTorch's defaults.
 struct GradScalerOptions {
   bool enabled = true;
@@ -71,6 +73,8 @@ class GradScaler {
 
   std::map<std::string, CheckpointValue> state() const;
   void load_state(const std::map<std::string, CheckpointValue>& state);
+  // Adds state() to `ckpt` as replicated values `name` (the scale is the same on every rank).
+  void register_checkpoint(CheckpointManager& ckpt, const std::string& name);
 
  private:
   enum class Stage { kReady, kUnscaled, kStepped };

@@ -12,6 +12,10 @@
 // iteration the buckets are rebuilt once from the observed gradient order (rank 0's order wins,
 // so the plan is identical on every rank).
 //
+// Mixed precision: with grad_targets (fp32 masters of low-precision parameters) and
+// options.bucket_dtype, gradients are cast into the buckets as they arrive and the averages land
+// in the targets' .grad (as bucket views when the dtypes agree).
+//
 // Unused parameters (find_unused_parameters): after forward the autograd graph is walked from the
 // outputs; parameters it does not reach are marked ready at once with a zero (or, after no_sync
 // accumulation, their accumulated) gradient, and a used-map is all-reduced so parameters unused
@@ -48,14 +52,21 @@ struct ReducerOptions {
   double first_bucket_cap_mb = 1.0;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = true;
+  // The dtype of the buckets (mixed precision: float32 for low-precision parameters); Undefined:
+  // each parameter's own.
+  at::ScalarType bucket_dtype = at::ScalarType::Undefined;
 };
 
 class Reducer {
  public:
   // `params` are leaf tensors requiring grad, `names` their qualified names (same length).
+  // `grad_targets` (empty: `params`) are the tensors whose .grad receive the averaged gradients,
+  // one per parameter with as many elements (mixed precision: the fp32 masters); a parameter's own
+  // .grad is then released once it has been copied into its bucket.
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
           std::shared_ptr<Communicator> comm, ReducerOptions options,
-          std::shared_ptr<GradCodec> codec = make_average_codec());
+          std::shared_ptr<GradCodec> codec = make_average_codec(),
+          std::vector<at::Tensor> grad_targets = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;
   Reducer& operator=(const Reducer&) = delete;
@@ -67,6 +78,10 @@ class Reducer {
   void prepare_for_backward(const std::vector<at::Tensor>& outputs);
   // After a forward under no_sync: hooks only record which parameters were used.
   void prepare_for_accumulation();
+  // A synchronised backward in which this rank has no gradient (Join: a rank out of data): every
+  // bucket is reduced with zeros, in order, and the targets' .grad receive the average. Call
+  // after prepare_for_forward(), like a forward's backward.
+  void shadow_backward();
 
   // Current bucket plan as parameter indices (for tests, reports and checkpoints).
   std::vector<std::vector<int64_t>> bucket_plan() const;

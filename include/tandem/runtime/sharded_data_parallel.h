@@ -25,6 +25,9 @@
 //            (one node) and all-reduces the shards across the groups (HSDP).
 // Memory per parameter with fp32 AdamW on N ranks: 4 + 4 + 8/N bytes (stage 1), 4 + 12/N (2),
 // 16/N plus the units being computed (3), against 16 for DistributedDataParallel.
+// Mixed precision (ddp.mixed_precision, tandem/runtime/mixed_precision.h): the shards are fp32
+// masters, the model's parameters and gradients are in param_dtype, gradients are reduced in fp32
+// or param_dtype; checkpoints and export_model() hold the fp32 masters.
 //
 // Units (stage 3): libtorch's C++ modules have no forward hooks (pytorch#25888), so a unit is
 // declared by wrapping a submodule in ShardedUnit where the model builds it:
@@ -50,6 +53,7 @@
 #include <tandem/base/file_system.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/join.h>
 
 #include <ATen/core/Tensor.h>
 #include <torch/nn/module.h>
@@ -184,12 +188,12 @@ class ShardedUnit : public torch::nn::ModuleHolder<ShardedUnitImpl<Impl>> {
 };
 
 // The non-template part of ShardedDataParallel (runtime/sharded/).
-class ShardedDataParallelCore {
+class ShardedDataParallelCore : public detail::Joinable {
  public:
   ShardedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
                           std::shared_ptr<Communicator> comm, ShardingOptions sharding,
                           DistributedDataParallelOptions ddp);
-  ~ShardedDataParallelCore();
+  ~ShardedDataParallelCore() override;
   ShardedDataParallelCore(const ShardedDataParallelCore&) = delete;
   ShardedDataParallelCore& operator=(const ShardedDataParallelCore&) = delete;
 
@@ -258,6 +262,8 @@ class ShardedDataParallelCore {
 
   const ShardingOptions& options() const;
   int stage() const;
+  // The dtype floating inputs of the forward are cast to (mixed precision), or Undefined.
+  at::ScalarType input_dtype() const;
   // This rank's position in its shard group and the group's size.
   int shard_rank() const;
   int shard_size() const;
@@ -282,6 +288,11 @@ class ShardedDataParallelCore {
   std::vector<std::string> describe_units() const;
   // Names of the parameters in parameters()[shard_index].
   std::vector<std::string> unit_parameter_names(size_t shard_index) const;
+
+  // Join (tandem/runtime/join.h).
+  Communicator& join_communicator() override;
+  void set_join_active(bool active) override;
+  void shadow_step(bool sync) override;
 
   struct State;  // internal (runtime/sharded/sharded_state.h)
   State& internal_state() const { return *state_; }
