@@ -12,6 +12,8 @@
 // AdamW lr 1e-3, weight decay 0.01. One step = zero_grad, forward, loss, backward, optimizer step.
 //   ddp       DistributedDataParallel, default options (25 MiB buckets)
 //   zeroK     ShardedDataParallel with sharding.stage = K and default options
+// --param-dtype bf16 trains bf16 parameters with fp32 masters (precision.param_dtype) and
+// --autocast bf16 runs the forward under bf16 autocast (scripts/bench-precision uses both).
 //   comm      no training: times, per step's worth of buckets (the stage-1 units), the all-reduce
 //             DDP issues (shared memory) and the reduce-scatter + all-gather the stages issue
 //             (Gloo over TCP loopback), to tell communication from everything else
@@ -164,6 +166,10 @@ int main(int argc, char** argv) {
   app.add_option("--steps", steps, "timed steps")->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--out", out, "JSON file rank 0 writes (empty: stdout only)");
+  std::string param_dtype = "fp32", autocast = "off";
+  app.add_option("--param-dtype", param_dtype, "fp32 | bf16 (with fp32 masters)")
+      ->check(CLI::IsMember({"fp32", "bf16"}));
+  app.add_option("--autocast", autocast, "off | bf16")->check(CLI::IsMember({"off", "bf16"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -190,12 +196,14 @@ int main(int argc, char** argv) {
     std::unique_ptr<tandem::DistributedDataParallel<Mlp>> ddp;
     std::unique_ptr<tandem::ShardedDataParallel<Mlp>> sdp;
     const int stage = mode == "ddp" ? 0 : mode == "comm" ? 1 : mode.back() - '0';
+    tandem::DistributedDataParallelOptions ddp_options;
+    if (param_dtype == "bf16") ddp_options.mixed_precision.param_dtype = at::kBFloat16;
     if (stage == 0) {
-      ddp = std::make_unique<tandem::DistributedDataParallel<Mlp>>(model, comm);
+      ddp = std::make_unique<tandem::DistributedDataParallel<Mlp>>(model, comm, ddp_options);
     } else {
       tandem::ShardingOptions sharding;
       sharding.stage = stage;
-      sdp = std::make_unique<tandem::ShardedDataParallel<Mlp>>(model, comm, sharding);
+      sdp = std::make_unique<tandem::ShardedDataParallel<Mlp>>(model, comm, sharding, ddp_options);
     }
     std::vector<double> f(kNumFields, 0.0);
     int units = 0;
@@ -213,7 +221,7 @@ int main(int argc, char** argv) {
       auto group = comm->split(0, rank);  // what ShardedDataParallel's collectives run on
       time_collectives(*comm, *group, flats, warmup, steps, *allocator, f);
     } else {
-      torch::optim::AdamW opt(sdp ? sdp->parameters() : model->parameters(),
+      torch::optim::AdamW opt(sdp ? sdp->parameters() : ddp->parameters(),
                               torch::optim::AdamWOptions(1e-3).weight_decay(0.01));
       std::vector<double> step_ms, fwd, bwd, optim, gather_wait, reduce_wait, overlap;
       double last_loss = 0;
@@ -229,7 +237,11 @@ int main(int argc, char** argv) {
         allocator->pool().reset_peak();
         const auto t0 = Clock::now();
         opt.zero_grad();
-        torch::Tensor loss = torch::mse_loss(sdp ? (*sdp)(x) : (*ddp)(x), y);
+        torch::Tensor loss;
+        {
+          tandem::AutocastGuard guard(at::kCPU, at::kBFloat16, autocast == "bf16");
+          loss = torch::mse_loss((sdp ? (*sdp)(x) : (*ddp)(x)).to(at::kFloat), y);
+        }
         const auto t1 = Clock::now();
         phase_peak(0, timed);
         loss.backward();  // both wait for their last reduction at the end of backward
@@ -278,6 +290,12 @@ int main(int argc, char** argv) {
           f[kParamBytes] += static_cast<double>(bytes_of(p));
           f[kGradBytes] += static_cast<double>(bytes_of(p.grad()));
         }
+        if (param_dtype != "fp32") {  // the fp32 masters and their gradients
+          for (const auto& m : ddp->parameters()) {
+            f[kParamBytes] += static_cast<double>(bytes_of(m));
+            f[kGradBytes] += static_cast<double>(bytes_of(m.grad()));
+          }
+        }
       }
       for (const auto& item : opt.state()) {
         const auto& s = static_cast<const torch::optim::AdamWParamState&>(*item.second);
@@ -295,7 +313,8 @@ int main(int argc, char** argv) {
       j << "{\"mode\": \"" << mode << "\", \"stage\": " << stage << ", \"ranks\": " << size
         << ", \"batch\": " << batch << ", \"steps\": " << steps << ", \"warmup\": " << warmup
         << ", \"threads\": " << at::get_num_threads() << ", \"parameters\": " << parameters
-        << ", \"units\": " << units << ", \"largest_unit_bytes\": " << largest_unit_bytes;
+        << ", \"units\": " << units << ", \"largest_unit_bytes\": " << largest_unit_bytes
+        << ", \"param_dtype\": \"" << param_dtype << "\", \"autocast\": \"" << autocast << "\"";
       if (ddp) j << ", \"buckets\": " << ddp->reducer().bucket_plan().size();
       for (int k = 0; k < kNumFields; ++k) {
         double worst = a[k];

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs one example as a user would (tandemrun, 2 workers, in a fresh directory) and checks what it
 # claims to demonstrate. Used by ctest (tests/examples/CMakeLists.txt).
-#   check_example.sh TANDEMRUN EXAMPLE_BINARY lm|lm_bf16|compressed|fault_tolerant|pipeline
+#   check_example.sh TANDEMRUN EXAMPLE_BINARY lm|lm_bf16|sharded|compressed|fault_tolerant|pipeline
 set -euo pipefail
 tandemrun="$1" binary="$2" kind="$3"
 configs="$(cd "$(dirname "$0")/../../examples/configs" && pwd)"
@@ -45,6 +45,19 @@ case "$kind" in
     awk -v a="$a" -v b="$b" 'BEGIN { d = (b - a) / a; if (d < 0) d = -d; exit !(d <= 0.02) }' \
       || fail "bf16 loss $b is not within 2% of fp32's $a"
     echo "final loss: fp32 $a, bf16 $b"
+    ;;
+  sharded)
+    # Under the config's memory cap, stage 3 trains and DistributedDataParallel runs out of memory
+    # with a message that says to shard.
+    out="$(run "$binary" --config "$configs/train_sharded.yaml" --set train.steps=20)"; echo "$out"
+    awk '/trained 20 steps at sharding.stage=3/ { for (i = 1; i <= NF; i++) if ($i == "->") last = $(i + 1) }
+         END { exit !(last != "" && last + 0 < 3.0) }' <<<"$out" || fail "stage 3 did not train under the cap"
+    status=0
+    ddp="$(run "$binary" --config "$configs/train_sharded.yaml" --set train.steps=20 --set sharding.stage=0)" || status=$?
+    echo "$ddp"
+    [ "$status" -ne 0 ] || fail "DistributedDataParallel fit under the cap"
+    grep -q "OutOfMemoryError" <<<"$ddp" || fail "DistributedDataParallel did not fail with an out-of-memory error"
+    grep -q -- "--set sharding.stage=3" <<<"$ddp" || fail "the out-of-memory message does not say to shard"
     ;;
   compressed)
     out="$(run "$binary" --config "$configs/train_compressed.yaml" --set compression.codec=fp16 \
