@@ -7,6 +7,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <cerrno>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -54,6 +55,54 @@ std::vector<ShardReport> CheckpointManager::Impl::exchange_reports(const ShardRe
     all.push_back(rep);
   }
   return all;
+}
+
+std::string CheckpointManager::Impl::failure_cause(const std::string& local_error,
+                                                   const std::vector<int>& failed,
+                                                   const std::string& commit_error) const {
+  if (!local_error.empty()) {
+    std::string cause = "rank " + std::to_string(rank) + " could not write its shard: " + strip_prefix(local_error);
+    if (local_error.find(std::strerror(ENOSPC)) != std::string::npos) {
+      // keep_last = K checkpoints stay while the next one is written: K + 1 at once.
+      const int k = opts.keep_last;
+      cause += " Each save writes a new checkpoint before the oldest is removed" +
+               (k > 0 ? ", so checkpoint.keep_last = " + std::to_string(k) + " needs room for " +
+                            std::to_string(k + 1) + " checkpoints"
+                      : std::string(" (checkpoint.keep_last = 0 keeps them all)")) +
+               ": lower --set checkpoint.keep_last, free space, or move --set checkpoint.directory.";
+    }
+    return cause;
+  }
+  if (!failed.empty()) {
+    std::string ranks;
+    for (const int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return "rank(s) " + ranks + " failed to write their shards (see their errors).";
+  }
+  return rank == 0 ? strip_prefix(commit_error) : "rank 0 failed to commit it (see its error).";
+}
+
+std::string CheckpointManager::Impl::after_failed_save(int64_t step) const {
+  // The partial step directory would only make the next attempt fail the same way (a full disk):
+  // rank 0 removes it once every rank is done writing (the reports were exchanged).
+  std::string removed;
+  if (rank == 0) {
+    const std::string staging = staging_directory(opts.directory, step);
+    try {
+      if (fs->exists(staging)) {
+        fs->remove_all(staging);
+        removed = " Its partial directory " + staging + " was removed.";
+      }
+    } catch (const std::exception& e) {
+      removed = " Removing its partial directory " + staging + " failed too: " + strip_prefix(e.what());
+    }
+  }
+  bool previous = false;
+  try {
+    previous = !list_steps(*fs, opts.directory).committed.empty();
+  } catch (const std::exception&) {
+  }
+  return removed + (previous ? " The previous checkpoint stays the newest valid one."
+                             : " There is no earlier checkpoint: a restart now starts from the beginning.");
 }
 
 SaveStats CheckpointManager::Impl::run_job(Job& job) {
@@ -108,22 +157,10 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
   commit_span.end();
   s.total_s = seconds_since(job.started);
   const std::string step = "step " + std::to_string(job.step);
-  if (!local_error.empty()) {
-    throw CheckpointError("tandem: checkpoint: " + step + " was not saved: rank " +
-                          std::to_string(rank) + " could not write its shard: " +
-                          strip_prefix(local_error) + " The previous checkpoint stays the newest valid one.");
-  }
-  if (!failed.empty()) {
-    std::string ranks;
-    for (const int r : failed) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
-    throw CheckpointError("tandem: checkpoint: " + step + " was not committed: rank(s) " + ranks +
-                          " failed to write their shards (see their errors). The previous "
-                          "checkpoint stays the newest valid one.");
-  }
-  if (committed == 0) {
-    throw CheckpointError("tandem: checkpoint: " + step + " was not committed: " +
-                          (rank == 0 ? strip_prefix(commit_error) : "rank 0 failed to commit it (see its error).") +
-                          " The previous checkpoint stays the newest valid one.");
+  if (!local_error.empty() || !failed.empty() || committed == 0) {
+    throw CheckpointError("tandem: checkpoint: " + step + " was not " +
+                          (local_error.empty() ? "committed: " : "saved: ") +
+                          failure_cause(local_error, failed, commit_error) + after_failed_save(job.step));
   }
   if (rank == 0) {
     try {

@@ -93,6 +93,13 @@ struct CheckpointManager::Impl {
   int64_t allreduce_int(int64_t v, ReduceOp op) const;
 
   // All-gathers every rank's shard report; ranks whose write failed go to `failed`.
+  // Why a save failed, on this rank: its own write error (with what keep_last costs on a full
+  // disk), the ranks that failed, or rank 0's commit error.
+  std::string failure_cause(const std::string& local_error, const std::vector<int>& failed,
+                            const std::string& commit_error) const;
+  // After a failed save: rank 0 removes the step's partial directory; says whether an earlier
+  // checkpoint is still there to resume from.
+  std::string after_failed_save(int64_t step) const;
   std::vector<ShardReport> exchange_reports(const ShardReport& mine, bool ok,
                                             std::vector<int>* failed) const;
 

@@ -84,7 +84,12 @@ std::vector<std::pair<std::string, at::Tensor>> read_safetensors(const std::stri
   unsigned char prefix[8];
   if (f->size() < 8) fail(path, "shorter than a header (" + std::to_string(f->size()) + " bytes)");
   f->read(0, 8, prefix);
-  const uint64_t len = decode_shard_header_length(prefix, f->size());
+  uint64_t len = 0;
+  try {
+    len = decode_shard_header_length(prefix, f->size());
+  } catch (const CheckpointError& e) {
+    fail(path, std::string(e.what()).substr(std::strlen("tandem: checkpoint: ")));
+  }
   std::string json(static_cast<size_t>(len), '\0');
   if (len > 0) f->read(8, json.size(), json.data());
   ShardHeader h;

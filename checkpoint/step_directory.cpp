@@ -15,6 +15,15 @@ constexpr const char* kOldSuffix = ".old";
 
 [[noreturn]] void fail(const std::string& what) { throw CheckpointError("tandem: checkpoint: " + what); }
 
+// decode_shard_header_length() with the file named in its error.
+uint64_t header_length(const unsigned char prefix[8], uint64_t size, const std::string& path) {
+  try {
+    return decode_shard_header_length(prefix, size);
+  } catch (const CheckpointError& e) {
+    fail("'" + path + "': " + std::string(e.what()).substr(std::strlen("tandem: checkpoint: ")));
+  }
+}
+
 uint64_t source_nbytes(const TensorSource& s) {
   uint64_t n = dtype_size(s.dtype);
   for (const auto d : s.shape) n *= static_cast<uint64_t>(d);
@@ -134,7 +143,7 @@ ShardHeader read_shard_header(FileSystem& fs, const std::string& path) {
   if (size < 8) fail("'" + path + "' is " + std::to_string(size) + " bytes, too short for a shard header (truncated)");
   unsigned char prefix[8];
   f->read(0, 8, prefix);
-  const uint64_t len = decode_shard_header_length(prefix, size);
+  const uint64_t len = header_length(prefix, size, path);
   std::string json(static_cast<size_t>(len), '\0');
   if (len > 0) f->read(8, json.size(), json.data());
   try {
@@ -242,7 +251,7 @@ void verify_shard(FileSystem& fs, const std::string& root, int64_t step, const M
   // Header: parsed, and identical to the manifest's records.
   unsigned char prefix[8];
   f->read(0, 8, prefix);
-  const uint64_t len = decode_shard_header_length(prefix, f->size());
+  const uint64_t len = header_length(prefix, f->size(), path);
   if (8 + len != file.header_bytes) {
     fail("'" + path + "' header is " + std::to_string(8 + len) + " bytes, the manifest says " +
          std::to_string(file.header_bytes));

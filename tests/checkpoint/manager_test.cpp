@@ -13,6 +13,9 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 #include <torch/nn/modules/batchnorm.h>
 #include <torch/nn/modules/dropout.h>
 #include <torch/nn/modules/linear.h>
@@ -285,6 +288,72 @@ TEST(CheckpointManager, AsyncErrorsSurfaceOnTheNextCall) {
   }
   ASSERT_FALSE(warnings.empty());
   EXPECT_NE(warnings.back().find("never reported"), std::string::npos) << warnings.back();
+}
+
+// Issue 20 items 2 and 8: a save that fails on a full disk removes its partial directory (the
+// restart would fail the same way), says what keep_last costs, and claims a previous checkpoint
+// only when there is one.
+TEST(CheckpointManager, AFailedSaveRemovesItsPartialDirectoryAndTellsWhatIsLeft) {
+  TempDir dir("failed_save");
+  at::manual_seed(3);
+  auto net = std::make_shared<Net>();
+  auto fs = std::make_shared<FaultInjectionFileSystem>();
+  CheckpointManagerOptions o = options(dir.path, false);
+  o.file_system = fs;
+  CheckpointManager m(o);
+  m.add_module("model", net);
+  const auto message_of = [&](int64_t step) {
+    try {
+      m.save(step);
+    } catch (const CheckpointError& e) {
+      return std::string(e.what());
+    }
+    ADD_FAILURE() << "save(" << step << ") did not fail";
+    return std::string();
+  };
+  fs->fail_all(FaultInjectionFileSystem::Op::kAppend, ENOSPC);
+  std::string first = message_of(10);
+  EXPECT_NE(first.find("No space left on device"), std::string::npos) << first;
+  EXPECT_NE(first.find("checkpoint.keep_last = 3 needs room for 4 checkpoints"), std::string::npos) << first;
+  EXPECT_EQ(first.find("previous checkpoint stays"), std::string::npos) << "there is none\n" << first;
+  EXPECT_NE(first.find("There is no earlier checkpoint"), std::string::npos) << first;
+  EXPECT_NE(first.find("was removed"), std::string::npos) << first;
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/step_0000000010.tmp")) << "partial directory left";
+  fs->reset();
+  m.save(20);
+  fs->fail_all(FaultInjectionFileSystem::Op::kAppend, ENOSPC);
+  const std::string second = message_of(30);
+  EXPECT_NE(second.find("The previous checkpoint stays the newest valid one."), std::string::npos) << second;
+  EXPECT_FALSE(std::filesystem::exists(dir.path + "/step_0000000030.tmp"));
+  fs->reset();
+  EXPECT_EQ(m.committed_steps(), (std::vector<int64_t>{20}));
+}
+
+// Issue 20 item 7: a damaged header length is reported with the file it is in.
+TEST(CheckpointManager, ACorruptHeaderLengthWarningNamesTheFile) {
+  TempDir dir("header_length");
+  at::manual_seed(4);
+  auto net = std::make_shared<Net>();
+  {
+    CheckpointManager m(options(dir.path, false));
+    m.add_module("model", net);
+    m.save(10);
+  }
+  const std::string shard = dir.path + "/step_0000000010/" + shard_file_name(0);
+  {
+    std::fstream f(shard, std::ios::in | std::ios::out | std::ios::binary);
+    const char huge[8] = {'\xff', '\xff', '\xff', '\xff', '\xff', '\xff', '\x00', '\x00'};
+    f.write(huge, 8);
+  }
+  std::vector<std::string> warnings;
+  CheckpointManagerOptions o = options(dir.path, false);
+  o.on_warning = [&](const std::string& w) { warnings.push_back(w); };
+  CheckpointManager r(o);
+  r.add_module("model", std::make_shared<Net>());
+  EXPECT_EQ(r.resume(), 0);
+  ASSERT_FALSE(warnings.empty());
+  EXPECT_NE(warnings[0].find("'" + shard + "'"), std::string::npos) << warnings[0];
+  EXPECT_NE(warnings[0].find("shard header length"), std::string::npos) << warnings[0];
 }
 
 TEST(CheckpointManager, EveryInjectedFaultLeavesPreviousOrNewCheckpoint) {
