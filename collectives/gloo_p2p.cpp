@@ -6,7 +6,7 @@
 
 #include <tandem/base/errors.h>
 
-#include <gloo/types.h>
+#include <xxhash.h>
 
 #include <algorithm>
 
@@ -18,7 +18,16 @@ using detail::contiguous_view;
 using detail::copy_back;
 
 // Slot prefix of tandem's point-to-point transfers; Gloo's collectives use 0x01..0x08.
-constexpr uint8_t kP2PSlotPrefix = 0x20;
+constexpr uint64_t kP2PSlotPrefix = 0x20;
+
+// The slot of a transfer: the prefix, the tag and 24 bits of a hash of the byte count. A send and
+// a receive of different sizes then never match (each times out naming its size) instead of
+// meeting inside Gloo, which fills a larger receive silently and aborts the process on a smaller
+// one (issue 20 item 9).
+uint64_t p2p_slot(uint32_t tag, uint64_t nbytes) {
+  return (kP2PSlotPrefix << 56) | (static_cast<uint64_t>(tag) << 24) |
+         (XXH3_64bits(&nbytes, sizeof nbytes) & 0xFFFFFF);
+}
 
 class GlooP2PWork : public Work {
  public:
@@ -48,7 +57,8 @@ class GlooP2PWork : public Work {
       const std::string msg =
           "tandem: " + description_.str() + (timed_out ? " timed out" : " failed") + " after " +
           format_elapsed(issued_at_) + ": " + what +
-          (timed_out ? ". The peer is hung or never posted the matching op (same tag, same size)."
+          (timed_out ? ". The peer is hung or never posted the matching op: the same tag and the "
+                       "same size (post the same size on both ranks)."
                      : ". The peer probably died; see its log.") +
           " The communicator is now unusable.";
       state_->error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
@@ -106,7 +116,7 @@ WorkPtr GlooCommunicator::post_p2p(const at::Tensor& tensor, int peer, uint32_t 
     std::lock_guard<std::mutex> lock(mutex_);
     if (nbytes > 0) {
       state->buffer = context_->createUnboundBuffer(state->staging.data_ptr(), nbytes);
-      const uint64_t slot = gloo::Slot::build(kP2PSlotPrefix, tag);
+      const uint64_t slot = p2p_slot(tag, nbytes);
       if (is_send) {
         state->buffer->send(peer, slot);
       } else {

@@ -148,6 +148,30 @@ TEST(CollectiveErrors, UnmatchedRecvTimesOut) {
   });
 }
 
+// Issue 20 item 9: a send and a receive of different sizes do not meet inside Gloo (which filled a
+// larger receive silently and aborted the process on a smaller one): each raises within its
+// timeout, naming its size and saying what to do.
+TEST(CollectiveErrors, SendAndRecvOfDifferentSizesRaiseOnBothRanks) {
+  for (const int64_t recv_numel : {8, 2}) {
+    std::vector<std::string> messages(2);
+    run_ranks(2, [&](Communicator& comm) {
+      auto t = at::ones({comm.rank() == 0 ? int64_t{4} : recv_numel});
+      try {
+        (comm.rank() == 0 ? comm.send(t, 1, 7) : comm.recv(t, 0, 7))->wait(std::chrono::milliseconds(500));
+        messages[comm.rank()] = "(no error)";
+      } catch (const TimeoutError& e) {
+        messages[comm.rank()] = e.what();
+      }
+    });
+    const std::string recv_size = std::to_string(recv_numel * 4) + " B float32";
+    EXPECT_NE(messages[0].find("send #0 (16 B float32, to 1, tag 7)"), std::string::npos) << messages[0];
+    EXPECT_NE(messages[1].find("recv #0 (" + recv_size + ", from 0, tag 7)"), std::string::npos) << messages[1];
+    for (const auto& m : messages) {
+      EXPECT_NE(m.find("post the same size on both ranks"), std::string::npos) << m;
+    }
+  }
+}
+
 TEST(CollectiveErrors, ParseReduceOp) {
   EXPECT_EQ(parse_reduce_op("max"), ReduceOp::kMax);
   try {
