@@ -116,6 +116,9 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
   try {
     trace::Span span("checkpoint write", trace::kCheckpoint);
     if (trace::enabled()) span.arg("step", job.step);
+    // A torn snapshot is reported like a failed write: every rank still runs the commit's
+    // collectives, and the step is not committed anywhere.
+    if (!job.staging_error.empty()) throw CheckpointError("tandem: checkpoint: " + job.staging_error);
     if (job.has_file) {
       const ShardWriteResult w = write_shard(*fs, opts.directory, job.step, rank, world,
                                              std::move(job.sources), job.values);

@@ -6,7 +6,11 @@
 #include "checkpoint/checkpoint_manager_impl.h"
 #include "checkpoint/training_state.h"
 
+#include <atomic>
 #include <iostream>
+#include <mutex>
+#include <set>
+#include <string>
 
 namespace tandem {
 
@@ -19,6 +23,27 @@ void CheckpointManager::Impl::warn(const std::string& msg) const {
     std::cerr << "tandem: warning: " << msg << std::endl;
   }
 }
+
+namespace {
+
+// The live managers, for wait_for_checkpoint_staging().
+std::mutex& registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::set<CheckpointManager*>& registry() {
+  static std::set<CheckpointManager*> managers;
+  return managers;
+}
+
+std::atomic<int> fences{0};
+
+}  // namespace
+
+CheckpointStagingFence::CheckpointStagingFence() { ++fences; }
+CheckpointStagingFence::~CheckpointStagingFence() { --fences; }
+
+bool detail::staging_may_be_deferred() { return fences.load() > 0; }
 
 CheckpointManager::CheckpointManager(CheckpointManagerOptions options) : impl_(std::make_unique<Impl>()) {
   Impl& d = *impl_;
@@ -40,10 +65,21 @@ CheckpointManager::CheckpointManager(CheckpointManagerOptions options) : impl_(s
     d.rank = d.comm->rank();
     d.world = d.comm->size();
   }
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  registry().insert(this);
+}
+
+void wait_for_checkpoint_staging() {
+  std::lock_guard<std::mutex> lock(registry_mutex());
+  for (CheckpointManager* m : registry()) m->wait_staged();
 }
 
 CheckpointManager::~CheckpointManager() {
   Impl& d = *impl_;
+  {
+    std::lock_guard<std::mutex> lock(registry_mutex());
+    registry().erase(this);
+  }
   d.wait_idle();
   if (d.error) {
     try {
@@ -87,6 +123,7 @@ void CheckpointManager::add_module(const std::string& name, const std::shared_pt
     std::shared_ptr<torch::nn::Module> m;
     std::shared_ptr<Checkpointable> inner;
     std::string kind() const override { return inner->kind(); }
+    bool changes_only_in_optimizer_step() const override { return inner->changes_only_in_optimizer_step(); }
     StateDict state_dict() override { return inner->state_dict(); }
     std::string check(const StateDict& l) override { return inner->check(l); }
     void load(const StateDict& l) override { inner->load(l); }
@@ -146,6 +183,8 @@ void CheckpointManager::wait() {
   impl_->wait_idle();
   impl_->rethrow_error();
 }
+
+void CheckpointManager::wait_staged() { impl_->wait_staged(); }
 
 std::vector<int64_t> CheckpointManager::committed_steps() const {
   if (!impl_->fs->exists(impl_->opts.directory)) return {};

@@ -11,6 +11,7 @@
 #include "checkpoint/step_directory.h"
 
 #include <chrono>
+#include <condition_variable>
 #include <exception>
 #include <map>
 #include <memory>
@@ -34,6 +35,9 @@ inline std::string strip_prefix(const std::string& msg) {
 
 constexpr const char* kUserState = "user";
 
+// Whether a CheckpointStagingFence lives (async saves may then defer parameters' copies).
+bool staging_may_be_deferred();
+
 struct Entry {
   std::string name;
   std::shared_ptr<Checkpointable> state;
@@ -46,6 +50,13 @@ struct Job {
   bool has_file = false;
   std::vector<TensorSource> sources;
   std::vector<at::Tensor> keepalive;
+  // Async: copies left to the writer (parameters, optimizer state) and their sources, alive until
+  // copied.
+  std::vector<CopyTask> deferred;
+  std::vector<at::Tensor> deferred_sources;
+  std::vector<int64_t> deferred_versions;  // the sources' version counters at save()
+  std::vector<std::string> deferred_names;
+  std::string staging_error;  // a deferred tensor changed before it was copied
   std::map<std::string, CheckpointValue> values;
   std::vector<ManifestState> states;
   Clock::time_point started;
@@ -75,13 +86,15 @@ struct CheckpointManager::Impl {
   int world = 1;
   std::vector<Entry> entries;
   std::map<std::string, CheckpointValue> user_values;
-  std::vector<at::Tensor> staging;  // reused host buffers (async mode)
+  std::vector<at::Tensor> staging_buffers;  // reused host buffers (async mode)
   int64_t resumed = -1;
 
   // What the last save left, guarded by `mu` (async saves report from the writer's thread).
   std::mutex mu;
   std::exception_ptr error;  // the last save's failure, not yet reported
   SaveStats stats;
+  bool staging = false;            // the writer still copies the in-flight save's deferred tensors
+  std::condition_variable staged;  // notified (under `mu`) when it is done
   // Async saves run here, one at a time. Last member: it finishes its job before the state that
   // job uses is destroyed.
   SerialExecutor writer{"tandem-ckpt"};
@@ -122,6 +135,8 @@ struct CheckpointManager::Impl {
   std::unique_ptr<Job> collect(int64_t step);
 
   void save(int64_t step);
+  // Blocks until the writer copied the in-flight save's deferred tensors.
+  void wait_staged();
 
   // ---- resuming (checkpoint_resume.cpp) ----
   Candidate evaluate(int64_t step);

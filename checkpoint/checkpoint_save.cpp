@@ -47,12 +47,14 @@ std::unique_ptr<CheckpointManager::Impl::Job> CheckpointManager::Impl::collect(i
   job->has_file = rank == 0 || any_sharded();
   std::vector<CopyTask> copies;
   std::vector<at::Tensor> copy_sources;
-  size_t staged = 0;
+  size_t staged_count = 0;
+  const bool may_defer = staging_may_be_deferred();
   for (const Entry& e : all_entries()) {
     job->states.push_back({e.name, e.state->kind(), e.sharding});
     const bool mine = e.sharding != Sharding::kReplicated || rank == 0;
     if (!mine) continue;
     StateDict d = e.state->state_dict();
+    const bool stable = e.state->changes_only_in_optimizer_step();
     std::set<std::string> seen;
     for (auto& [key, tensor] : d.tensors) {
       const std::string full = e.name + "/" + key;
@@ -64,6 +66,8 @@ std::unique_ptr<CheckpointManager::Impl::Job> CheckpointManager::Impl::collect(i
       if (!tensor.defined()) {
         throw CheckpointError("tandem: checkpoint: tensor \"" + full + "\" is undefined.");
       }
+      // Parameters and optimizer state change only in an optimizer step: the writer copies them.
+      const bool defer = may_defer && (stable || tensor.requires_grad());
       at::Tensor t = tensor.detach();
       if (t.device().type() != c10::DeviceType::CPU) t = t.to(c10::Device(c10::DeviceType::CPU));
       if (!t.is_contiguous()) t = t.contiguous();
@@ -73,13 +77,17 @@ std::unique_ptr<CheckpointManager::Impl::Job> CheckpointManager::Impl::collect(i
       src.shape = t.sizes().vec();
       const size_t nbytes = t.numel() * t.element_size();
       if (opts.async) {
-        if (staged >= staging.size()) staging.emplace_back();
-        at::Tensor& buf = staging[staged++];
+        if (staged_count >= staging_buffers.size()) staging_buffers.emplace_back();
+        at::Tensor& buf = staging_buffers[staged_count++];
         if (!buf.defined() || static_cast<size_t>(buf.numel()) < nbytes) {
           buf = host_buffer({static_cast<int64_t>(std::max<size_t>(nbytes, 1))}, at::kByte);
         }
-        copies.push_back({buf.data_ptr(), t.data_ptr(), nbytes});
-        copy_sources.push_back(t);  // alive until the copy below ran
+        (defer ? job->deferred : copies).push_back({buf.data_ptr(), t.data_ptr(), nbytes});
+        (defer ? job->deferred_sources : copy_sources).push_back(t);  // alive until copied
+        if (defer) {
+          job->deferred_versions.push_back(t._version());
+          job->deferred_names.push_back(full);
+        }
         src.data = buf.data_ptr();
         job->keepalive.push_back(buf);
       } else {
@@ -122,20 +130,56 @@ void CheckpointManager::Impl::save(int64_t step) {
     return;
   }
   job->blocked_s = seconds_since(t0);
+  if (!job->deferred.empty()) {
+    std::lock_guard<std::mutex> lock(mu);
+    staging = true;
+  }
   // The task reports its own outcome; the executor drops it (and the staged tensors' references)
   // before wait_idle() returns.
   writer.submit([this, job] {
     std::exception_ptr err;
     SaveStats s;
+    uint64_t deferred_bytes = 0;
+    const auto t_copy = Clock::now();
     try {
-      s = run_job(*job);
+      trace::Span span("checkpoint staging copy", trace::kCheckpoint);
+      for (const auto& c : job->deferred) deferred_bytes += c.bytes;
+      copy_parallel(job->deferred);
+      for (size_t i = 0; i < job->deferred_sources.size(); ++i) {
+        if (job->deferred_sources[i]._version() == job->deferred_versions[i]) continue;
+        job->staging_error =
+            "tensor \"" + job->deferred_names[i] +
+            "\" changed before the asynchronous save copied it (an optimizer step or an in-place "
+            "change before wait_for_checkpoint_staging()). Call tandem::wait_for_checkpoint_staging() "
+            "before changing parameters, or save synchronously (--set checkpoint.async=false).";
+        break;
+      }
     } catch (...) {
       err = std::current_exception();
     }
+    const double staging_s = seconds_since(t_copy);
+    job->deferred_sources.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      staging = false;
+    }
+    staged.notify_all();
+    try {
+      if (!err) s = run_job(*job);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    s.deferred_bytes = deferred_bytes;
+    s.staging_s = staging_s;
     std::lock_guard<std::mutex> lock(mu);
     if (err) error = err;
     else stats = s;
   });
+}
+
+void CheckpointManager::Impl::wait_staged() {
+  std::unique_lock<std::mutex> lock(mu);
+  staged.wait(lock, [this] { return !staging; });
 }
 
 }  // namespace tandem

@@ -25,6 +25,7 @@ class OptimizerState final : public Checkpointable {
   OptimizerState(torch::optim::Optimizer& opt, OptimizerLayout layout)
       : opt_(opt), layout_(std::move(layout)) {}
   std::string kind() const override { return layout_.kind; }
+  bool changes_only_in_optimizer_step() const override { return true; }
 
   StateDict state_dict() override {
     StateDict d;

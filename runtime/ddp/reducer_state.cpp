@@ -5,6 +5,7 @@
 
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
 
 #include <torch/csrc/autograd/engine.h>
 
@@ -237,6 +238,8 @@ void ReducerState::finalize() {
       if (!listed[p]) rebuild_order.push_back(p);
     }
   }
+  // The optimizer step comes next: an async checkpoint save must have copied the parameters.
+  wait_for_checkpoint_staging();
   ++step;
   mode = Mode::kFinalized;
 }

@@ -3,6 +3,7 @@
 // unused-parameter handling (unused_parameters.cpp), and the public Reducer over it (reducer.cpp).
 #pragma once
 
+#include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/runtime/bucket_plan.h>
 #include <tandem/runtime/reducer.h>
 
@@ -31,6 +32,8 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
     int64_t launch_us = 0;  // trace: when the reduce was launched (0: not traced)
   };
 
+  // finalize() waits for async checkpoint copies, so saves may defer them (checkpoint_manager.h).
+  CheckpointStagingFence staging_fence;
   std::vector<at::Tensor> params;
   std::vector<at::Tensor> targets;  // whose .grad get the averages: `params`, or their masters
   std::vector<std::string> names;

@@ -8,6 +8,7 @@
 
 #include <ATen/core/grad_mode.h>
 #include <tandem/base/errors.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <torch/nn/modules/linear.h>
 
@@ -59,6 +60,8 @@ class SendThread {
 using detail::Clock;
 
 struct PipelineParallel::Impl {
+  // train_step() waits for async checkpoint copies, so saves may defer them (checkpoint_manager.h).
+  CheckpointStagingFence staging_fence;
   struct Layer {
     torch::nn::AnyModule module;
     std::vector<at::Tensor> params;  // requiring grad

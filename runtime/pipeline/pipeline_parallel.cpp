@@ -10,6 +10,7 @@
 #include "runtime/pipeline/pipeline_impl.h"
 
 #include <tandem/base/trace.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
 
 namespace tandem {
 
@@ -300,6 +301,7 @@ at::Tensor PipelineParallel::train_step(const at::Tensor& input, const at::Tenso
   I.micro_inputs.clear();
   I.micro_targets.clear();
   I.reduce_data_parallel();
+  wait_for_checkpoint_staging();  // the optimizer step comes next (an async save may still copy)
   return I.step_loss;
 }
 

@@ -93,6 +93,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   stage_of(optimizer) = Stage::kStepped;
   any_step_ = true;
   if (found_inf_) return false;
+  wait_for_checkpoint_staging();  // an async save may still copy the parameters
   optimizer.step();
   return true;
 }

@@ -170,6 +170,7 @@ class OptimizerSlices final : public SlicedCheckpointable {
     core_.check_optimizer_parameters(all_params());
   }
   std::string kind() const override { return "sharded-" + inner_->kind(); }
+  bool changes_only_in_optimizer_step() const override { return true; }
 
   StateDict state_dict() override {
     const StateDict inner = inner_->state_dict();

@@ -4,6 +4,7 @@
 
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
 
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
@@ -248,6 +249,8 @@ void State::finalize() {
   reduce_wait_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - wait_start).count();
   last_forward_order = forward_order;
+  // The optimizer step comes next: an async checkpoint save must have copied the shards.
+  wait_for_checkpoint_staging();
   ++step;
   mode = Mode::kFinalized;
 }

@@ -15,6 +15,7 @@
 // issue identical collectives, only later.
 #pragma once
 
+#include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/runtime/sharded_data_parallel.h>
 
 #include "runtime/sharded/flat_unit.h"
@@ -35,6 +36,8 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
                                         std::enable_shared_from_this<ShardedDataParallelCore::State> {
   enum class Mode { kIdle, kAccumulating, kSynchronizing, kFinalized, kUnfinished };
 
+  // finalize() waits for async checkpoint copies, so saves may defer them (checkpoint_manager.h).
+  CheckpointStagingFence staging_fence;
   std::shared_ptr<torch::nn::Module> module;
   std::shared_ptr<Communicator> world;
   std::shared_ptr<Communicator> shard_comm;      // the ranks a shard spans: gathers

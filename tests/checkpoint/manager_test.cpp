@@ -329,6 +329,43 @@ TEST(CheckpointManager, AFailedSaveRemovesItsPartialDirectoryAndTellsWhatIsLeft)
   EXPECT_EQ(m.committed_steps(), (std::vector<int64_t>{20}));
 }
 
+// Issue 20 item 12: an async save copies parameters and optimizer state after save() returns
+// (they change only in an optimizer step) and everything else before; after wait_staged() the
+// parameters may change without touching the checkpoint.
+TEST(CheckpointManager, AsyncSaveStagesParametersAfterSaveReturnsAndBuffersBefore) {
+  TempDir dir("deferred_staging");
+  at::manual_seed(6);
+  auto net = std::make_shared<Net>(512);
+  torch::optim::AdamW opt(net->parameters(), 1e-2);
+  train_step(*net, {&opt}, 0);
+  const auto saved = snapshot(net->named_parameters(), net->named_buffers());
+  const auto saved_optim = optimizer_snapshot({&opt});
+  {
+    CheckpointStagingFence fence;  // this loop calls wait_for_checkpoint_staging(), as the wrappers do
+    CheckpointManager m(options(dir.path, true));
+    m.add_module("model", net);
+    m.add_optimizer("optim", opt);
+    m.save(1);
+    // Buffers may change in the next forward (batch norm): they were copied before save() returned.
+    for (auto& b : net->named_buffers()) b.value().add_(1);
+    wait_for_checkpoint_staging();  // what tandem's wrappers do at the end of backward
+    train_step(*net, {&opt}, 1);    // the optimizer step changes parameters and state
+    m.wait();
+    uint64_t parameters = 0, moments = 0;
+    for (const auto& p : net->parameters()) parameters += p.numel() * sizeof(float);
+    moments = 2 * parameters;  // AdamW's exp_avg and exp_avg_sq
+    EXPECT_EQ(m.last_save_stats().deferred_bytes, parameters + moments) << "not copied after save() returned";
+  }
+  auto fresh = std::make_shared<Net>(512);
+  torch::optim::AdamW opt2(fresh->parameters(), 1e-2);
+  CheckpointManager r(options(dir.path, true));
+  r.add_module("model", fresh);
+  r.add_optimizer("optim", opt2);
+  ASSERT_EQ(r.resume(), 1);
+  expect_bitwise(saved, snapshot(fresh->named_parameters(), fresh->named_buffers()), "model");
+  expect_bitwise(saved_optim, optimizer_snapshot({&opt2}), "optimizer");
+}
+
 // Issue 20 item 7: a damaged header length is reported with the file it is in.
 TEST(CheckpointManager, ACorruptHeaderLengthWarningNamesTheFile) {
   TempDir dir("header_length");

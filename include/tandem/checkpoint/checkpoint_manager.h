@@ -16,8 +16,15 @@
 //
 // Saving: save() collects every registered state. Synchronous mode writes, fsyncs and commits
 // before returning. Async mode (the default) copies the state into reused host staging buffers,
-// hands it to the manager's writer thread ("tandem-ckpt") and returns; training goes on. At most
-// one save is in flight: a save() while the previous one still writes waits for it first. The
+// hands it to the manager's writer thread ("tandem-ckpt") and returns; training goes on. While a
+// CheckpointStagingFence lives (DistributedDataParallel, ShardedDataParallel and PipelineParallel
+// hold one), save() copies at once only what may change before the next optimizer step (buffers,
+// RNG, callbacks' tensors) and the writer copies the rest - parameters (tensors that require grad)
+// and optimizer state, which change only in an optimizer step - while the next forward and
+// backward run; the wrappers wait for that copy at the end of each backward
+// (wait_for_checkpoint_staging()). A deferred tensor found changed when the writer copies it (its
+// version counter moved) fails the save with an error that says so. At most one save is in
+// flight: a save() while the previous one still writes waits for it first. The
 // writer's errors are never dropped: they are rethrown (CheckpointError) by the next save(),
 // maybe_save(), wait() or resume(); the destructor waits for the writer and reports a pending error
 // through the warning handler (a destructor cannot throw).
@@ -113,7 +120,11 @@ struct CheckpointManagerOptions {
 struct SaveStats {
   int64_t step = -1;
   uint64_t bytes = 0;          // bytes this rank wrote
-  double blocked_s = 0;        // time save() kept the caller (staging copy in async mode)
+  double blocked_s = 0;        // time save() kept the caller (async: the copy of what may change
+                               // before the next optimizer step)
+  uint64_t deferred_bytes = 0; // async: bytes the writer copied after save() returned
+                               // (parameters, optimizer state)
+  double staging_s = 0;        // async: the writer's copy of those bytes
   double write_s = 0;          // hashing + writing + fsync of this rank's shard
   double commit_s = 0;         // agreement + manifest + rename (rank 0) / waiting for it (others)
   double total_s = 0;          // from save() to committed
@@ -168,6 +179,9 @@ class CheckpointManager {
   void save(int64_t step);
   // Blocks until no save is in flight; rethrows the writer's error if it failed.
   void wait();
+  // Blocks until the in-flight async save (if any) has copied the parameters and optimizer state
+  // it snapshots; they may change afterwards. Cheap when nothing is being copied.
+  void wait_staged();
 
   // Committed steps on disk, newest first (no verification).
   std::vector<int64_t> committed_steps() const;
@@ -179,6 +193,22 @@ class CheckpointManager {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+};
+
+// wait_staged() of every live CheckpointManager of the process: the fence an optimizer step must
+// pass (tandem's data-parallel wrappers call it at the end of each backward). Thread-safe.
+void wait_for_checkpoint_staging();
+
+// While one lives, the training loop promises to call wait_for_checkpoint_staging() before every
+// change to parameters or optimizer state, so async saves may copy those after save() returns (see
+// the top of this file). Held by tandem's data-parallel and pipeline wrappers; a loop of your own
+// may hold one too. Thread-safe; not copyable.
+class CheckpointStagingFence {
+ public:
+  CheckpointStagingFence();
+  ~CheckpointStagingFence();
+  CheckpointStagingFence(const CheckpointStagingFence&) = delete;
+  CheckpointStagingFence& operator=(const CheckpointStagingFence&) = delete;
 };
 
 }  // namespace tandem

@@ -44,6 +44,10 @@ class Checkpointable {
   virtual std::string check(const StateDict& loaded) = 0;
   // Restores a checked state (tensors are freshly loaded host tensors the object may keep).
   virtual void load(const StateDict& loaded) = 0;
+  // True when every tensor of state_dict() changes only in an optimizer step (optimizer state).
+  // An async save copies such tensors, and parameters (tensors that require grad), after save()
+  // returns, overlapped with the next forward and backward (tandem::wait_for_checkpoint_staging).
+  virtual bool changes_only_in_optimizer_step() const { return false; }
 };
 
 // A state of Sharding::kSliced: its tensors are pieces of flattened global tensors, keyed
