@@ -209,6 +209,9 @@ int main(int argc, char** argv) {
   tandem::CheckpointManager sync_mgr(manager_options(dir + "/sync", false));
   sync_mgr.add_module("model", model);
   sync_mgr.add_optimizer("optim", opt);
+  // As in a training loop under tandem's wrappers, which wait for the staging copy at the end of
+  // each backward: the async save may copy parameters and optimizer state after save() returns.
+  tandem::CheckpointStagingFence fence;
   tandem::CheckpointManager async_mgr(manager_options(dir + "/async", true));
   async_mgr.add_module("model", model);
   async_mgr.add_optimizer("optim", opt);
