@@ -105,7 +105,8 @@ CheckpointManager::Impl::Candidate CheckpointManager::Impl::evaluate(int64_t ste
       c.reason = where + " was saved by " + std::to_string(m.world_size) + " ranks, this run has " +
                  std::to_string(world) + "; its sharded state (" + names +
                  ") cannot be resharded. Restart with " + std::to_string(m.world_size) +
-                 " ranks, or set ReshardPolicy::kLoadReplicatedOnly to restore only the replicated state";
+                 " ranks, or restore only the replicated state: --set checkpoint.reshard=load_replicated_only "
+                 "(CheckpointManagerOptions::reshard = ReshardPolicy::kLoadReplicatedOnly)";
       return c;
     }
     skip_sharded = true;

@@ -1,7 +1,9 @@
 #include <tandem/runtime/init.h>
 
 #include <tandem/base/errors.h>
+#include <tandem/collectives/device_routing_communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
+#include <tandem/collectives/nccl_communicator.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -145,6 +147,7 @@ InitOptions InitOptions::from_env() {
   }
   if (const char* h = std::getenv("TANDEM_GLOO_HOSTNAME")) o.gloo_hostname = h;
   if (const char* i = std::getenv("TANDEM_GLOO_IFNAME")) o.gloo_interface = i;
+  if (const char* b = std::getenv("TANDEM_COMM_BACKEND")) o.backend = b;  // checked by init()
   if (!o.env.run_id.empty()) o.store_prefix = "tandem/" + o.env.run_id;
   o.store_prefix += "/restart" + std::to_string(o.env.restart_count);
   return o;
@@ -164,6 +167,30 @@ Distributed init(const InitOptions& options) {
   gloo.store_prefix = options.store_prefix;
   gloo.shared_memory = options.shared_memory;
   d.world = connect_gloo(d.store, options.env.rank, options.env.world_size, gloo);
+  if (options.backend != "auto" && options.backend != "gloo" && options.backend != "nccl") {
+    throw ConfigError("tandem: comm.backend = '" + options.backend +
+                      "' is not auto, gloo or nccl (--set comm.backend=auto).");
+  }
+  const int devices = options.backend == "gloo" ? 0 : cuda_device_count();
+  if (options.backend == "nccl" && devices == 0) {
+    throw ConfigError(std::string("tandem: comm.backend = nccl, but ") +
+#if defined(TANDEM_HAVE_NCCL)
+                      "this machine has no usable CUDA device" +
+#else
+                      "this build of tandem has no NCCL (configure it with the CUDA toolkit and NCCL)" +
+#endif
+                      "; use --set comm.backend=gloo (or auto).");
+  }
+#if defined(TANDEM_HAVE_NCCL)
+  if (devices > 0) {
+    NcclOptions nccl;
+    nccl.timeout = options.timeout;
+    nccl.device = options.env.local_rank % devices;
+    nccl.store_prefix = options.store_prefix;
+    d.world = std::make_shared<DeviceRoutingCommunicator>(
+        d.world, connect_nccl(d.store, options.env.rank, options.env.world_size, nccl));
+  }
+#endif
   return d;
 }
 

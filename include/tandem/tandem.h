@@ -11,6 +11,7 @@
 #include <tandem/checkpoint/safetensors.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/compression.h>
+#include <tandem/collectives/device_routing_communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
 #include <tandem/collectives/grad_codec.h>
 #include <tandem/collectives/nccl_communicator.h>
@@ -33,3 +34,4 @@
 #include <tandem/runtime/reducer.h>
 #include <tandem/runtime/run_main.h>
 #include <tandem/runtime/sharded_data_parallel.h>
+#include <tandem/runtime/verify_replicas.h>

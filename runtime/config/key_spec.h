@@ -18,6 +18,8 @@ struct SetResult {
   std::string suggestion;  // for kChoice: the closest valid choice, or ""
 };
 
+struct KeySpec;
+
 struct KeySpec {
   ConfigKeyInfo info;
   bool is_list = false;
@@ -29,6 +31,12 @@ struct KeySpec {
 
 const std::vector<KeySpec>& specs();
 const KeySpec* find_spec(const std::string& key);
+// Appends a registered app.* key (env name filled in); ConfigError for a duplicate. Bumps
+// registry_generation, which the cached key and section lists compare against.
+void add_app_spec(KeySpec spec);
+extern int registry_generation;
+// True when the program registered app.* keys (then only those are accepted).
+bool app_keys_registered();
 
 // "ddp.bucket_cap_mb" -> "TANDEM_DDP_BUCKET_CAP_MB".
 std::string env_name(const std::string& key);

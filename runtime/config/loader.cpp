@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -31,8 +32,14 @@ std::string join_issues(const std::vector<ConfigIssue>& issues) {
   return out;
 }
 
+// A key of a free app section: the program registered no app.* key, so any is accepted as text.
+bool free_app_key(const std::string& key) {
+  return key.size() > 4 && key.compare(0, 4, "app.") == 0 && !detail::app_keys_registered();
+}
+
 // True when `prefix` is a section or sub-section of some key ("ddp", "compression.powersgd").
 bool is_section(const std::string& prefix) {
+  if (prefix == "app" && !detail::app_keys_registered()) return true;
   for (const auto& s : specs())
     if (s.info.key.size() > prefix.size() && s.info.key.compare(0, prefix.size(), prefix) == 0 &&
         s.info.key[prefix.size()] == '.')
@@ -67,6 +74,11 @@ class Merger {
   // Sets `key` from `text`; `source` is where the text came from, `origin` what print shows.
   void set(const std::string& source, const std::string& origin, const std::string& key, const std::string& text) {
     const KeySpec* spec = find_spec(key);
+    if (spec == nullptr && free_app_key(key)) {
+      config_.app[key] = text;
+      source_[key] = origin;
+      return;
+    }
     if (spec == nullptr) {
       if (is_section(key)) {
         add(source, key, text,
@@ -138,6 +150,10 @@ class Merger {
       auto it = by_env.find(name);
       if (it != by_env.end()) {
         set(name, name, it->second->info.key, value);
+      } else if (name.size() > 11 && name.compare(0, 11, "TANDEM_APP_") == 0 && !detail::app_keys_registered()) {
+        std::string leaf = name.substr(11);  // a free app section: TANDEM_APP_WARMUP -> app.warmup
+        for (char& c : leaf) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        set(name, name, "app." + leaf, value);
       } else if (by_alias.count(name) == 0 && looks_like_config(name)) {
         std::vector<std::string> names;
         for (const auto& e : by_env) names.push_back(e.first);
@@ -204,7 +220,7 @@ class Merger {
       if (v.IsMap()) {
         if (spec != nullptr) {
           add(where(path, v.Mark()), key, "<a map>", key + " expects a " + spec->info.type + ", got a map.");
-        } else if (is_section(key)) {
+        } else if (is_section(key) || free_app_key(key)) {
           walk(path, v, key + ".");
         } else {
           unknown_key(where(path, k.Mark()), key, "<a map>");
@@ -212,7 +228,9 @@ class Merger {
         continue;
       }
       if (spec == nullptr) {
-        if (is_section(key)) {
+        if (free_app_key(key)) {
+          set(where(path, v.Mark()), where(path, v.Mark()), key, describe(v));
+        } else if (is_section(key)) {
           set(where(path, v.Mark()), "", key, describe(v));
         } else {
           unknown_key(where(path, k.Mark()), key, describe(v));

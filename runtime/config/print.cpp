@@ -59,23 +59,29 @@ std::string env_text(const ConfigKeyInfo& k) {
 }  // namespace
 
 const std::vector<ConfigKeyInfo>& config_keys() {
-  static const std::vector<ConfigKeyInfo> keys = [] {
-    std::vector<ConfigKeyInfo> out;
-    for (const auto& s : specs()) out.push_back(s.info);
-    return out;
-  }();
+  static std::vector<ConfigKeyInfo> keys;
+  static int generation = -1;
+  if (generation != detail::registry_generation) {
+    keys.clear();
+    for (const auto& s : specs()) keys.push_back(s.info);
+    generation = detail::registry_generation;
+  }
   return keys;
 }
 
 const std::vector<std::string>& config_sections() {
-  static const std::vector<std::string> sections = [] {
-    std::vector<std::string> out;
+  static std::vector<std::string> sections;
+  static int generation = -1;
+  if (generation != detail::registry_generation) {
+    sections.clear();
     for (const auto& s : specs()) {
       const std::string sec = section_of(s.info.key);
-      if (std::find(out.begin(), out.end(), sec) == out.end()) out.push_back(sec);
+      if (std::find(sections.begin(), sections.end(), sec) == sections.end()) sections.push_back(sec);
     }
-    return out;
-  }();
+    // The program's own section is always known (free when no app key is registered).
+    if (std::find(sections.begin(), sections.end(), "app") == sections.end()) sections.push_back("app");
+    generation = detail::registry_generation;
+  }
   return sections;
 }
 
@@ -90,15 +96,28 @@ std::string config_value(const Config& config, const std::string& key) {
 
 std::string suggest_config_key(const std::string& key) {
   std::vector<std::string> all, same_section, same_leaf;
-  const std::string section = key.find('.') == std::string::npos ? "" : section_of(key);
+  std::string section = key.find('.') == std::string::npos ? "" : section_of(key);
+  const std::string leaf = leaf_of(key);
+  // A misspelt section ("dpp.find_unused_parameters") is read as the section it resembles.
+  const auto& sections = config_sections();
+  if (!section.empty() && std::find(sections.begin(), sections.end(), section) == sections.end()) {
+    if (const std::string s = detail::closest(section, sections); !s.empty()) section = s;
+  }
   for (const auto& s : specs()) {
     const std::string& k = s.info.key;
     all.push_back(k);
     if (section_of(k) == section) same_section.push_back(k);
-    if (leaf_of(k) == leaf_of(key)) same_leaf.push_back(k);
+    if (leaf_of(k) == leaf) same_leaf.push_back(k);
   }
+  const std::string corrected = section.empty() ? key : section + key.substr(key.find('.'));
   // A typo inside the right section ("ddp.bucket_cap" -> "ddp.bucket_cap_mb").
-  if (const std::string s = detail::closest(key, same_section); !s.empty()) return s;
+  if (const std::string s = detail::closest(corrected, same_section); !s.empty()) return s;
+  // A name cut short ("ddp.find_unused" -> "ddp.find_unused_parameters").
+  std::vector<std::string> longer;
+  for (const auto& k : same_section) {
+    if (leaf.size() >= 4 && strings::starts_with(leaf_of(k), leaf)) longer.push_back(k);
+  }
+  if (longer.size() == 1) return longer[0];
   // The right name in the wrong or a missing section ("bucket_cap_mb" -> "ddp.bucket_cap_mb").
   if (same_leaf.size() == 1) return same_leaf[0];
   return detail::closest(key, all);
@@ -108,8 +127,20 @@ std::string config_to_yaml(const Config& config, const std::map<std::string, std
   YAML::Emitter out;
   out << YAML::BeginMap;
   std::vector<std::string> open;  // the maps we are inside
-  for (const auto& s : specs()) {
-    const auto parts = strings::split(s.info.key, '.');
+  // The registered keys, then a free app section's keys (no spec: printed as text).
+  std::vector<std::pair<std::string, const detail::KeySpec*>> entries;
+  for (const auto& s : specs()) entries.emplace_back(s.info.key, &s);
+  if (!detail::app_keys_registered()) {
+    for (const auto& [key, value] : config.app) entries.emplace_back(key, nullptr);
+  }
+  static const detail::KeySpec kFreeText = [] {
+    detail::KeySpec t;
+    t.info.type = "string";
+    return t;
+  }();
+  for (const auto& [key, spec] : entries) {
+    const detail::KeySpec& s = spec != nullptr ? *spec : kFreeText;
+    const auto parts = strings::split(key, '.');
     if (!open.empty() && open.front() != parts.front()) out << YAML::Newline;  // between sections
     std::size_t common = 0;
     while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
@@ -119,9 +150,9 @@ std::string config_to_yaml(const Config& config, const std::map<std::string, std
       open.push_back(parts[i]);
     }
     out << YAML::Key << parts.back() << YAML::Value;
-    emit_value(out, s, s.get(config));
+    emit_value(out, s, spec != nullptr ? s.get(config) : config.app.at(key));
     if (sources != nullptr) {
-      const auto it = sources->find(s.info.key);
+      const auto it = sources->find(key);
       out << YAML::Comment(it == sources->end() ? std::string("default") : it->second);
     }
   }

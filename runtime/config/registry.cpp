@@ -28,6 +28,8 @@ std::vector<KeySpec> build() {
                    "Network interface for Gloo (e.g. eth0); wins over comm.gloo_hostname when set."));
   k.push_back(boolean("comm.shared_memory", TANDEM_REF(comm.shared_memory),
                       "All-reduce through shared memory when every rank is on this host."));
+  k.push_back(string_choice("comm.backend", TANDEM_REF(comm.backend), {"auto", "gloo", "nccl"},
+                            "CUDA tensors over NCCL, CPU tensors over Gloo (auto: when this build has NCCL and the machine a GPU)."));
   k[0].info.env_alias = "TANDEM_TIMEOUT_S";
   k[1].info.env_alias = "TANDEM_GLOO_HOSTNAME";
   k[2].info.env_alias = "TANDEM_GLOO_IFNAME";
@@ -247,9 +249,28 @@ std::vector<KeySpec> build() {
 
 }  // namespace
 
-const std::vector<KeySpec>& specs() {
-  static const std::vector<KeySpec> all = build();
+std::vector<KeySpec>& registry() {
+  static std::vector<KeySpec> all = build();
   return all;
+}
+
+const std::vector<KeySpec>& specs() { return registry(); }
+
+int registry_generation = 0;
+
+void add_app_spec(KeySpec spec) {
+  spec.info.env = env_name(spec.info.key);
+  for (const auto& s : registry()) {
+    if (s.info.key == spec.info.key) {
+      throw ConfigError("tandem: register_app_key: '" + spec.info.key + "' is registered twice.");
+    }
+    if (s.info.env == spec.info.env || s.info.env_alias == spec.info.env) {
+      throw ConfigError("tandem: register_app_key: '" + spec.info.key + "' and '" + s.info.key +
+                        "' both map to " + spec.info.env + "; rename one.");
+    }
+  }
+  registry().push_back(std::move(spec));
+  ++registry_generation;
 }
 
 const KeySpec* find_spec(const std::string& key) {

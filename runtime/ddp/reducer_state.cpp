@@ -201,9 +201,9 @@ void ReducerState::finalize() {
           "gradient reduction finished: bucket(s) " +
           bucket_list +
           " never became ready; parameters that received no gradient: " + param_list +
-          ". Some parameters did not take part in computing the loss. Construct "
-          "DistributedDataParallel with find_unused_parameters = true, or make every parameter "
-          "contribute to the loss on every rank.";
+          ". Some parameters did not take part in computing the loss. Set "
+          "--set ddp.find_unused_parameters=true (DistributedDataParallelOptions::"
+          "find_unused_parameters), or make every parameter contribute to the loss on every rank.";
       mode = Mode::kUnfinished;
       return;
     }

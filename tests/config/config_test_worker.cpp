@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
                 ctx.config_sources().count("ddp.bucket_cap_mb") ? ctx.config_sources().at("ddp.bucket_cap_mb").c_str()
                                                                : "default",
                 args.c_str());
+    std::printf("worker local=%d/%d restarts=%d\n", ctx.local_rank(), ctx.local_world_size(), ctx.restart_count());
     std::fflush(stdout);
   });
 }

@@ -95,6 +95,9 @@ TEST(ContextProcess, TwoRanksUnderTandemrunGetTheMergedConfigAndTheirOwnArgument
     const std::string line = "[rank " + std::to_string(rank) + "]: worker rank=" + std::to_string(rank) +
                              "/2 sum=3 bucket_cap_mb=7 steps=4 codec=topk from=--set args=[input.txt --verbose]";
     EXPECT_NE(r.out.find(line), std::string::npos) << r.out << r.err;
+    // Context's launcher facts (issue 19).
+    const std::string local = "[rank " + std::to_string(rank) + "]: worker local=" + std::to_string(rank) + "/2 restarts=0";
+    EXPECT_NE(r.out.find(local), std::string::npos) << r.out;
   }
   std::remove(yaml.c_str());
   ::rmdir(dir.c_str());

@@ -45,6 +45,7 @@ TEST_F(FaultTest, CheckpointOfAnotherWorldSizeIsNotRestarted) {
   ASSERT_EQ(two.exit_code, 0) << two.err;
   const RunResult r = run("worlds", {"--max-restarts", "3"}, {}, {}, /*nproc=*/3);
   expect_stopped_at_once(r, "was saved by 2 ranks, this run has 3");
+  EXPECT_NE(r.err.find("--set checkpoint.reshard=load_replicated_only"), std::string::npos) << r.err;
 }
 
 TEST_F(FaultTest, UnwritableCheckpointDirectoryIsNotRestarted) {

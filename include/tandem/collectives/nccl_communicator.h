@@ -41,6 +41,9 @@ struct NcclOptions {
   std::string store_prefix = "tandem";
 };
 
+// CUDA devices this process can use (0 without NCCL support, a CUDA driver or a device).
+int cuda_device_count();
+
 #if defined(TANDEM_HAVE_NCCL)
 std::shared_ptr<Communicator> connect_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, const NcclOptions& options = {});

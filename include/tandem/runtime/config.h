@@ -93,6 +93,14 @@ struct Config {
   TraceOptions trace;
   MetricsOptions metrics;
   TrainOptions train;
+  // The program's own keys (section `app`), as their text: those it registered with
+  // register_app_key() (tandem/runtime/config_keys.h), or, when it registered none, any app.* key.
+  std::map<std::string, std::string> app;
+
+  // app.* key `key` as T (int64_t, double, bool or std::string): its value, else its registered
+  // default. Throws ConfigError for a key neither set nor registered, or text that is not a T.
+  template <class T>
+  T app_value(const std::string& key) const;
 
   // A fresh codec from `compression` (nullptr for plain average over fp32). Throws ConfigError.
   std::shared_ptr<GradCodec> make_codec() const;

@@ -8,13 +8,14 @@
 // whose name starts with a section (TANDEM_DDP_, TANDEM_COMM_, ...) but names no key is an error;
 // other TANDEM_ variables (TANDEM_HEARTBEAT_FILE, test switches) are not config and are ignored.
 // Ownership: the registry is built once, owned by the library and lives for the process; returned
-// references into it stay valid. Thread-safety: immutable after first use; all functions are
+// references into it stay valid until the next register_app_key(). Thread-safety: immutable after first use; all functions are
 // reentrant. Errors: config_value() throws ConfigError for a key that does not exist (with the
 // closest key as a hint); the printers throw nothing.
 #pragma once
 
 #include <tandem/runtime/config.h>
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,6 +31,18 @@ struct ConfigKeyInfo {
   std::string env;        // TANDEM_DDP_BUCKET_CAP_MB
   std::string env_alias;  // an older variable for the same key, or ""
 };
+
+// Registers a key of the program's own in section `app` ("app.hidden"), before run_main() (or
+// load_config) reads the config: it then merges from YAML, TANDEM_APP_* and --set, is validated,
+// printed, listed by --help-config and suggested for typos like tandem's own keys. T is int64_t,
+// double, bool or std::string; `valid` (optional) accepts a parsed value, and `allowed` says in
+// words what it accepts ("> 0"). Once any app key is registered, unregistered app.* keys are
+// errors; with none registered, the app section is free (any app.* key, as text). Read values with
+// Config::app_value<T>(key). Throws ConfigError for a name outside `app.`, a key registered twice,
+// or a default that `valid` refuses. Not thread-safe: register from main() before loading.
+template <class T>
+void register_app_key(const std::string& key, T default_value, const std::string& doc,
+                      std::function<bool(const T&)> valid = {}, const std::string& allowed = "");
 
 // Every key, in documentation order (grouped by section).
 const std::vector<ConfigKeyInfo>& config_keys();

@@ -48,6 +48,13 @@ class Context {
   const std::shared_ptr<Communicator>& world() const { return dist_.world; }
   int rank() const { return dist_.env.rank; }
   int world_size() const { return dist_.env.world_size; }
+  // This rank's index among the ranks of its node, and how many there are (LOCAL_RANK,
+  // LOCAL_WORLD_SIZE): pick the GPU with local_rank().
+  int local_rank() const { return dist_.env.local_rank; }
+  int local_world_size() const { return dist_.env.local_world_size; }
+  // How many times the launcher restarted the worker group before this attempt
+  // (TORCHELASTIC_RESTART_COUNT; 0 on the first).
+  int restart_count() const { return dist_.env.restart_count; }
 
   // The program's own arguments, for its own parser (CLI11 takes argc()/argv()).
   const std::vector<std::string>& args() const { return args_; }

@@ -2,7 +2,7 @@
 //
 // Rank 0 hosts a c10d::TCPStore at MASTER_ADDR:MASTER_PORT, every rank connects to it, and the
 // ranks rendezvous into a Gloo communicator (a world of one uses an in-process HashStore and
-// opens no port).
+// opens no port); with GPUs (comm.backend) an NCCL communicator joins it for CUDA tensors.
 // Ownership: the returned Distributed owns the store and the world communicator; destroy the
 // communicator before the store's host (rank 0) exits if peers still use it.
 // Thread-safety: init() is called once per process, from one thread; the communicator is then
@@ -38,6 +38,11 @@ struct InitOptions {
   std::string gloo_interface;
   // All-reduce through shared memory when every rank is on this host (TANDEM_SHM=0 turns it off).
   bool shared_memory = true;
+  // comm.backend: "gloo" (every op over Gloo), "nccl" (ops on CUDA tensors over NCCL on device
+  // LOCAL_RANK % device count, CPU ops over Gloo: a DeviceRoutingCommunicator; ConfigError without
+  // NCCL support or a GPU), or "auto" (nccl when this build has NCCL and the machine a GPU, else
+  // gloo).
+  std::string backend = "auto";
   // Store key prefix (distinct per restart so a restarted group never reads stale keys).
   std::string store_prefix = "tandem";
 

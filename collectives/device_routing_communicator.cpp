@@ -1,0 +1,91 @@
+// DeviceRoutingCommunicator (include/tandem/collectives/device_routing_communicator.h).
+#include <tandem/collectives/device_routing_communicator.h>
+
+#include <tandem/base/errors.h>
+#include <tandem/collectives/nccl_communicator.h>
+
+#if defined(TANDEM_HAVE_NCCL)
+#include <cuda_runtime_api.h>
+#endif
+
+namespace tandem {
+
+int cuda_device_count() {
+#if defined(TANDEM_HAVE_NCCL)
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or no device: clear the sticky error, report none
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+DeviceRoutingCommunicator::DeviceRoutingCommunicator(std::shared_ptr<Communicator> cpu,
+                                                     std::shared_ptr<Communicator> cuda)
+    : cpu_(std::move(cpu)), cuda_(std::move(cuda)) {
+  if (!cpu_ || !cuda_) throw ConfigError("tandem: DeviceRoutingCommunicator: a communicator is null.");
+  if (cpu_->rank() != cuda_->rank() || cpu_->size() != cuda_->size()) {
+    throw ConfigError("tandem: DeviceRoutingCommunicator: the CPU and CUDA communicators are rank " +
+                      std::to_string(cpu_->rank()) + " of " + std::to_string(cpu_->size()) +
+                      " and rank " + std::to_string(cuda_->rank()) + " of " +
+                      std::to_string(cuda_->size()) + "; they must span the same ranks.");
+  }
+}
+
+Communicator& DeviceRoutingCommunicator::route(const at::Tensor& out, const at::Tensor& in,
+                                               const char* op) const {
+  if (out.is_cuda() != in.is_cuda()) {
+    throw CommError(std::string("tandem: ") + op + ": the output is on " + out.device().str() +
+                    " and the input on " + in.device().str() + "; put both on one device.");
+  }
+  return route(in);
+}
+
+WorkPtr DeviceRoutingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+  return route(tensor).allreduce(tensor, op);
+}
+
+WorkPtr DeviceRoutingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+  return route(tensor).broadcast(tensor, root);
+}
+
+WorkPtr DeviceRoutingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+  return route(output, input, "allgather").allgather(output, input);
+}
+
+WorkPtr DeviceRoutingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                                                  ReduceOp op) {
+  return route(output, input, "reduce_scatter").reduce_scatter(output, input, op);
+}
+
+WorkPtr DeviceRoutingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+  return route(tensor).send(tensor, dst, tag);
+}
+
+WorkPtr DeviceRoutingCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
+  return route(tensor).recv(tensor, src, tag);
+}
+
+std::shared_ptr<Communicator> DeviceRoutingCommunicator::new_group(const std::vector<int>& ranks) {
+  auto cpu = cpu_->new_group(ranks);
+  auto cuda = cuda_->new_group(ranks);
+  if (!cpu) return nullptr;  // this rank is not in `ranks`
+  return std::make_shared<DeviceRoutingCommunicator>(std::move(cpu), std::move(cuda));
+}
+
+std::shared_ptr<Communicator> DeviceRoutingCommunicator::split(int color, int key) {
+  auto cpu = cpu_->split(color, key);
+  auto cuda = cuda_->split(color, key);
+  if (!cpu) return nullptr;
+  return std::make_shared<DeviceRoutingCommunicator>(std::move(cpu), std::move(cuda));
+}
+
+void DeviceRoutingCommunicator::abort(const std::string& reason) {
+  cpu_->abort(reason);
+  cuda_->abort(reason);
+}
+
+}  // namespace tandem
