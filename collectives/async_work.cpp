@@ -1,6 +1,7 @@
 #include "collectives/async_work.h"
 
 #include <tandem/base/errors.h>
+#include <tandem/collectives/flight_recorder.h>
 
 #include <cstdio>
 
@@ -37,13 +38,38 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
+uint64_t record_op(const OpDescription& d) {
+  if (*d.backend == '\0') return UINT64_MAX;  // not a communicator's op (a codec stage)
+  return FlightRecorder::instance().record(d.ranks, d.backend, d.name, d.seq, d.p2p, d.detail);
+}
+
+std::string dump_flight_recorder(const std::string& reason) {
+  const std::string path = FlightRecorder::instance().dump(reason);
+  if (path.empty()) return "";
+  const std::string dir = path.substr(0, path.rfind('/'));
+  return " The flight recorder wrote " + path + "; once every rank has dumped, `tandem-trace flight " +
+         dir + "` says which rank is behind and where the ranks disagree.";
+}
+
 AsyncWork::AsyncWork(OpDescription description, std::chrono::milliseconds default_timeout,
-                     std::function<void(const std::string&)> on_timeout)
+                     std::function<std::string(const std::string&)> on_timeout)
     : description_(std::move(description)),
       default_timeout_(default_timeout),
-      on_timeout_(std::move(on_timeout)) {}
+      on_timeout_(std::move(on_timeout)),
+      flight_id_(record_op(description_)) {}
 
 void AsyncWork::finish(std::exception_ptr error) {
+  std::string what;
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "unknown error";
+    }
+  }
+  FlightRecorder::instance().ended(flight_id_, what);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;
@@ -76,8 +102,8 @@ void AsyncWork::wait(std::chrono::milliseconds timeout) {
                             waited + " (issued " + format_elapsed(issued_at_) +
                             " ago). A peer rank is hung or dead, or the ranks issued collectives in "
                             "different orders. The communicator is now unusable; restart the group.";
-    if (on_timeout_) on_timeout_(msg);
-    throw TimeoutError(msg);
+    const std::string who = on_timeout_ ? on_timeout_(msg) : std::string();
+    throw TimeoutError(msg + who + dump_flight_recorder("timeout"));
   }
   if (error_) std::rethrow_exception(error_);
 }

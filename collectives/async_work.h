@@ -18,16 +18,24 @@ struct OpDescription {
   uint64_t seq = 0;
   std::string detail;
   std::string ranks;
+  const char* backend = "";  // for the flight recorder
+  bool p2p = false;          // send/recv: numbered apart from collectives
   std::string str() const;
 };
+
+// Records `d` in the flight recorder (tandem/collectives/flight_recorder.h); returns its id.
+uint64_t record_op(const OpDescription& d);
+// Dumps the flight recorder after a failure; returns a sentence for the error message naming the
+// file and how to read it ("" when the recorder is off or the dump failed).
+std::string dump_flight_recorder(const std::string& reason);
 
 class AsyncWork : public Work {
  public:
   using Clock = std::chrono::steady_clock;
   // `on_timeout` runs (once) when a wait times out, with the TimeoutError's message: the owner
-  // marks the communicator broken there.
+  // marks the communicator broken there, and returns a sentence to add (who never joined).
   AsyncWork(OpDescription description, std::chrono::milliseconds default_timeout,
-            std::function<void(const std::string&)> on_timeout);
+            std::function<std::string(const std::string&)> on_timeout);
 
   void wait(std::chrono::milliseconds timeout = kDefaultTimeout) override;
   bool is_completed() override;
@@ -37,6 +45,8 @@ class AsyncWork : public Work {
   void finish(std::exception_ptr error = nullptr);
 
   const OpDescription& description() const { return description_; }
+  // The op's entry in the flight recorder (its runner marks it started).
+  uint64_t flight_id() const { return flight_id_; }
   Clock::time_point issued_at() const { return issued_at_; }
   // When finish() ran (trace: a bucket's reduce ends here); issued_at() before that.
   Clock::time_point finished_at();
@@ -44,8 +54,9 @@ class AsyncWork : public Work {
  private:
   const OpDescription description_;
   const std::chrono::milliseconds default_timeout_;
-  const std::function<void(const std::string&)> on_timeout_;
+  const std::function<std::string(const std::string&)> on_timeout_;
   const Clock::time_point issued_at_ = Clock::now();
+  const uint64_t flight_id_;
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;

@@ -7,6 +7,7 @@
 #include "collectives/shm_allreduce.h"
 #include "collectives/tensor_checks.h"
 
+#include <tandem/collectives/flight_recorder.h>
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
 
@@ -17,6 +18,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <thread>
 
 namespace tandem {
 
@@ -116,6 +118,7 @@ void GlooCommunicator::mark_broken(const std::string& reason) {
 
 void GlooCommunicator::abort(const std::string& reason) {
   mark_broken("aborted: " + reason);
+  FlightRecorder::instance().dump("abort");
   if (shm_) shm_->abort();
   for (int i = 0; i < size(); ++i) {
     if (i == rank_) continue;
@@ -133,6 +136,8 @@ OpDescription GlooCommunicator::describe(const char* name, std::string detail, b
   d.name = name;
   d.detail = std::move(detail);
   d.ranks = format_ranks(world_ranks_);
+  d.backend = "gloo";
+  d.p2p = p2p;
   std::lock_guard<std::mutex> lock(mutex_);
   // Collectives number themselves apart from point-to-point ops: their number is Gloo's tag and
   // must agree across ranks, which send/recv counts need not.
@@ -152,12 +157,43 @@ void GlooCommunicator::throw_if_broken(const OpDescription& description) {
 WorkPtr GlooCommunicator::enqueue(OpDescription description, std::function<void()> run) {
   throw_if_broken(description);
   std::weak_ptr<GlooCommunicator> weak = weak_from_this();
+  OpDescription copy = description;  // for the timeout handler: `description` moves into the Work
   auto work = std::make_shared<AsyncWork>(std::move(description), options_.timeout,
-                                          [weak](const std::string& msg) {
-                                            if (auto self = weak.lock()) self->mark_broken(msg);
+                                          [weak, d = std::move(copy)](const std::string& msg) {
+                                            auto self = weak.lock();
+                                            if (!self) return std::string();
+                                            self->mark_broken(msg);
+                                            return self->who_never_joined(d);
                                           });
   ops_.submit([this, work, run = std::move(run)] { run_op(*work, run); });
   return work;
+}
+
+std::string GlooCommunicator::who_never_joined(const OpDescription& d) {
+  // Every rank that times out in this collective says so in the store; after a grace period the
+  // members that did not are the ones that never joined it (hung earlier, dead, or elsewhere).
+  // Costs nothing until a timeout.
+  const std::string base = prefix_ + "/timeouts/" + std::to_string(d.seq) + "/";
+  try {
+    store_->set(base + std::to_string(rank_), std::vector<uint8_t>{1});
+    std::vector<int> absent;
+    const auto deadline = std::chrono::steady_clock::now() + kJoinGrace;
+    for (;;) {
+      absent.clear();
+      for (int r = 0; r < size(); ++r) {
+        if (r != rank_ && !store_->check({base + std::to_string(r)})) absent.push_back(world_ranks_[r]);
+      }
+      if (absent.empty() || std::chrono::steady_clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (absent.empty()) return " Every rank of the group timed out in it too.";
+    std::string ranks;
+    for (int r : absent) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return " Rank(s) " + ranks + " never joined it (within " + std::to_string(kJoinGrace.count() / 1000) +
+           " s, they did not report timing out in it: hung in an earlier op, dead, or busy elsewhere).";
+  } catch (const std::exception&) {
+    return "";  // the store itself is gone: nothing more to learn
+  }
 }
 
 void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run) {
@@ -173,6 +209,7 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
         "tandem: " + d.str() + " was not run: the communicator became unusable: " + broken));
   } else {
     try {
+      FlightRecorder::instance().started(work.flight_id());
       trace::Span span(d.name.c_str(), trace::kComm);  // the op on the wire, on this thread
       if (trace::enabled()) span.arg("op", d.str());
       run();
@@ -185,7 +222,7 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
           (timed_out ? ". A peer rank is hung or did not issue this op (ranks must issue "
                        "collectives in the same order)."
                      : ". A peer rank probably died; see its log.") +
-          " The communicator is now unusable.";
+          " The communicator is now unusable." + dump_flight_recorder(timed_out ? "timeout" : "failure");
       mark_broken(msg);
       error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
                         : std::make_exception_ptr(CommError(msg));

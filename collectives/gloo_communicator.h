@@ -88,6 +88,9 @@ class GlooCommunicator final : public Communicator,
   void run_op(AsyncWork& work, const std::function<void()>& run);
   WorkPtr post_p2p(const at::Tensor& tensor, int peer, uint32_t tag, bool is_send);
   void throw_if_broken(const OpDescription& description);
+  // After `d` timed out here: which members never joined it, as a sentence (store exchange).
+  std::string who_never_joined(const OpDescription& d);
+  static constexpr std::chrono::milliseconds kJoinGrace{2000};
   std::shared_ptr<GlooCommunicator> make_group(const std::vector<int>& ranks,
                                                const std::string& name);
   // Ring reduce-scatter over `buffer` (size() equal chunks, reduced in place) into `out`.

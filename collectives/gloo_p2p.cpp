@@ -5,6 +5,7 @@
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>
+#include <tandem/collectives/flight_recorder.h>
 
 #include <xxhash.h>
 
@@ -36,7 +37,10 @@ class GlooP2PWork : public Work {
       : state_(std::move(state)),
         description_(std::move(description)),
         comm_(std::move(comm)),
-        default_timeout_(default_timeout) {}
+        default_timeout_(default_timeout),
+        flight_id_(record_op(description_)) {
+    FlightRecorder::instance().started(flight_id_);  // posted at once
+  }
 
   void wait(std::chrono::milliseconds timeout) override {
     if (state_->waited) {
@@ -60,7 +64,8 @@ class GlooP2PWork : public Work {
           (timed_out ? ". The peer is hung or never posted the matching op: the same tag and the "
                        "same size (post the same size on both ranks)."
                      : ". The peer probably died; see its log.") +
-          " The communicator is now unusable.";
+          " The communicator is now unusable." + dump_flight_recorder(timed_out ? "timeout" : "failure");
+      FlightRecorder::instance().ended(flight_id_, msg);
       state_->error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
                                 : std::make_exception_ptr(CommError(msg));
       state_->waited = true;
@@ -68,6 +73,7 @@ class GlooP2PWork : public Work {
       std::rethrow_exception(state_->error);
     }
     state_->waited = true;
+    FlightRecorder::instance().ended(flight_id_);
   }
 
   bool is_completed() override { return state_->waited; }
@@ -79,6 +85,7 @@ class GlooP2PWork : public Work {
   std::weak_ptr<GlooCommunicator> comm_;
   std::chrono::milliseconds default_timeout_;
   AsyncWork::Clock::time_point issued_at_ = AsyncWork::Clock::now();
+  uint64_t flight_id_;
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 // (tests labelled `gpu`).
 #include <tandem/collectives/nccl_communicator.h>
 
+#include <tandem/collectives/flight_recorder.h>
+
 #include "collectives/async_work.h"
 #include "collectives/tensor_checks.h"
 
@@ -82,6 +84,7 @@ class NcclWork : public Work {
   at::Tensor keep_alive_;
   std::function<void()> on_success_;
   AsyncWork::Clock::time_point issued_at_ = AsyncWork::Clock::now();
+  uint64_t flight_id_ = record_op(description_);
   bool done_ = false;
 };
 
@@ -244,6 +247,8 @@ class NcclCommunicator : public Communicator,
     d.name = name;
     d.detail = std::move(detail);
     d.ranks = format_ranks(world_ranks_);
+    d.backend = "nccl";
+    d.p2p = std::strcmp(name, "send") == 0 || std::strcmp(name, "recv") == 0;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       d.seq = next_seq_++;
@@ -333,7 +338,9 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
       const std::string msg = "tandem: " + description_.str() + " failed after " +
                               format_elapsed(issued_at_) + ": " +
                               ncclGetErrorString(async_error) +
-                              ". A peer rank probably died. The communicator is now unusable.";
+                              ". A peer rank probably died. The communicator is now unusable." +
+                              dump_flight_recorder("failure");
+      FlightRecorder::instance().ended(flight_id_, msg);
       comm_->abort(msg);
       throw CommError(msg);
     }
@@ -342,13 +349,15 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
                               std::to_string(timeout.count()) + " ms (issued " +
                               format_elapsed(issued_at_) +
                               " ago). A peer rank is hung or dead; the NCCL communicator was "
-                              "aborted and is now unusable.";
+                              "aborted and is now unusable." + dump_flight_recorder("timeout");
+      FlightRecorder::instance().ended(flight_id_, msg);
       comm_->abort(msg);
       throw TimeoutError(msg);
     }
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   if (on_success_) on_success_();
+  FlightRecorder::instance().ended(flight_id_);
   done_ = true;
 }
 

@@ -2,6 +2,7 @@
 
 #include <tandem/base/errors.h>
 #include <tandem/collectives/device_routing_communicator.h>
+#include <tandem/collectives/flight_recorder.h>
 #include <tandem/collectives/gloo_communicator.h>
 #include <tandem/collectives/nccl_communicator.h>
 
@@ -155,6 +156,7 @@ InitOptions InitOptions::from_env() {
 
 Distributed init(const InitOptions& options) {
   options.env.validate();
+  FlightRecorder::instance().install_signal_handler();  // SIGUSR1 dumps the recent ops
   Distributed d;
   d.env = options.env;
   d.store = connect_store(options);

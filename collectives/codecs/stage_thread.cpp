@@ -15,7 +15,10 @@ WorkPtr StageThread::submit(Communicator& wire, const GradBucket& bucket,
                          tensor_summary(bucket.buffer),
                      ""};
   auto work = std::make_shared<AsyncWork>(std::move(what), wire.timeout() * 4,
-                                          [&wire](const std::string& msg) { wire.abort(msg); });
+                                          [&wire](const std::string& msg) {
+                                            wire.abort(msg);
+                                            return std::string();
+                                          });
   executor_.submit([this, work, job = std::move(job)] {
     try {
       c10::AutoGradMode no_grad(false);  // codec arithmetic is never part of a graph

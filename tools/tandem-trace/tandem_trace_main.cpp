@@ -3,6 +3,8 @@
 //   tandem-trace merge DIR [-o DIR/timeline.json]   rank*.json -> one Chrome trace (pid = rank)
 //   tandem-trace summary TIMELINE.json              compute / comm / overlap / bubble table
 //   tandem-trace svg TIMELINE.json [-o F.svg]       a picture: lanes per rank and thread
+//   tandem-trace flight DIR                         flight-recorder dumps: who is behind, where
+//                                                   the ranks disagree, what each waited on
 //
 // Exit status: 0 done, 1 the files could not be read or written, 2 bad command line.
 #include <CLI/CLI.hpp>
@@ -11,6 +13,7 @@
 #include <cstdio>
 #include <string>
 
+#include "tools/tandem-trace/flight_analysis.h"
 #include "tools/tandem-trace/trace_merge.h"
 #include "tools/tandem-trace/trace_summary.h"
 #include "tools/tandem-trace/trace_svg.h"
@@ -36,6 +39,9 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   svg->add_option("--width", svg_options.width, "Pixels of the time axis")
       ->check(CLI::Range(200, 100000));
+  std::string flight_dir;
+  auto* flight = app.add_subcommand("flight", "Read DIR/flight_rank*.json: who is behind, where ranks disagree");
+  flight->add_option("DIR", flight_dir, "Directory the ranks dumped to (TANDEM_FLIGHT_RECORDER_DIR)")->required();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -48,6 +54,9 @@ int main(int argc, char** argv) {
       const auto s = tandem::trace::summarize(merged);
       std::printf("merged %zu rank(s), %lld spans into %s\n", s.ranks.size(),
                   static_cast<long long>(s.overall.spans), out.c_str());
+    } else if (flight->parsed()) {
+      const auto dumps = tandem::trace::read_flight_dir(flight_dir);
+      std::fputs(tandem::trace::format_flight_report(tandem::trace::analyze_flight(dumps)).c_str(), stdout);
     } else if (svg->parsed()) {
       if (svg_out.empty()) {
         const auto dot = svg_in.rfind(".json");

@@ -152,6 +152,7 @@ RoundFailure Agent::handle_local_failure(const Round& round, const MonitorResult
         std::this_thread::sleep_for(kPoll);
     }
   }
+  group_.request_flight_dumps(round.number, std::chrono::milliseconds(3000));
   group_.stop(SIGTERM, grace_);
   if (elsewhere) return rdzv_.report_failure(*elsewhere);
   const int root = root_cause_local_rank(group_.workers(), result.failed_local_rank);

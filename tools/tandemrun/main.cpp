@@ -41,6 +41,8 @@ constexpr int kExitFinal = 2;
 // How long the other workers may take to fail by themselves after a failure that looks like the
 // consequence of another one (bounded by --grace-period-s as well).
 constexpr std::chrono::milliseconds kSettleLimit{3000};
+// How long the workers still running get to dump their flight recorders after a failure.
+constexpr std::chrono::milliseconds kFlightDumpLimit{3000};
 
 int run_workers(LauncherOptions options, std::vector<std::string> env) {
   const auto grace = std::chrono::milliseconds(std::llround(options.grace_period_s * 1000.0));
@@ -86,6 +88,7 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
             });
           }
         }
+        group.request_flight_dumps(restart_count, kFlightDumpLimit);
         group.stop(SIGTERM, grace);
         const int root = root_cause_local_rank(group.workers(), result.failed_local_rank);
         const Worker& failed = group.workers()[static_cast<std::size_t>(root)];

@@ -52,7 +52,8 @@ std::vector<std::string> build_worker_env(const LauncherOptions& options, const 
   if (omp_threads_defaulted(options, base_env)) vars["OMP_NUM_THREADS"] = "1";
   // Per-worker channels; an inherited value would point every worker at the same file.
   const std::map<std::string, std::string> channels = {
-      {"TORCHELASTIC_ERROR_FILE", slot.error_file}, {"TANDEM_HEARTBEAT_FILE", slot.heartbeat_file}};
+      {"TORCHELASTIC_ERROR_FILE", slot.error_file}, {"TANDEM_HEARTBEAT_FILE", slot.heartbeat_file},
+      {"TANDEM_FLIGHT_RECORDER_DIR", slot.flight_dir}};
 
   std::vector<std::string> env;
   env.reserve(base_env.size() + vars.size());

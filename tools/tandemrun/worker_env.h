@@ -14,6 +14,7 @@ struct WorkerSlot {
   int restart_count = 0;  // TORCHELASTIC_RESTART_COUNT: how often the group was restarted so far
   std::string error_file;      // TORCHELASTIC_ERROR_FILE when not empty
   std::string heartbeat_file;  // TANDEM_HEARTBEAT_FILE when not empty (--heartbeat-timeout > 0)
+  std::string flight_dir;      // TANDEM_FLIGHT_RECORDER_DIR: where the flight recorder dumps
 };
 
 // Global rank of a local worker: node_rank * nproc_per_node + local_rank (torchrun's layout).

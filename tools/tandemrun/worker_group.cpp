@@ -20,6 +20,7 @@
 
 #include <tandem/base/errors.h>
 
+#include "tools/tandemrun/flight_dumps.h"
 #include "tools/tandemrun/worker_env.h"
 
 namespace tandem::launcher {
@@ -168,6 +169,7 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
       log_dir_ ? log_dir_->rank_dir(restart_count, local_rank) : std::string();
   slot.error_file = log_dir_ ? rank_dir + "/error.json" : file_stem + ".error.json";
   if (options_.heartbeat_timeout_s > 0) slot.heartbeat_file = file_stem + ".heartbeat";
+  slot.flight_dir = flight_dir(restart_count);
   ::unlink(slot.error_file.c_str());
   if (!slot.heartbeat_file.empty()) ::unlink(slot.heartbeat_file.c_str());
   std::vector<std::string> env = build_worker_env(options_, slot, base_env_);
@@ -337,6 +339,34 @@ void WorkerGroup::stop(int first_signal, std::chrono::milliseconds grace) {
   }
   output_.drain_all();
   reap_all();
+}
+
+std::string WorkerGroup::flight_dir(int restart_count) const {
+  return launcher::flight_dir(log_dir_ ? log_dir_->path() : "", options_.run_id, restart_count);
+}
+
+void WorkerGroup::request_flight_dumps(int restart_count, std::chrono::milliseconds limit) {
+  const std::string dir = flight_dir(restart_count);
+  const std::time_t asked = std::time(nullptr);
+  std::vector<std::string> files;
+  for (const auto& w : workers_) {
+    if (w.exit || w.reaped || w.pid <= 0 || !catches_sigusr1(w.pid)) continue;
+    ::kill(w.pid, SIGCONT);  // a stopped worker dumps once continued
+    if (::kill(w.pid, SIGUSR1) == 0) files.push_back(dir + "/flight_rank" + std::to_string(w.rank) + ".json");
+  }
+  const auto fresh = [&] {
+    for (const auto& f : files) {
+      struct stat st;
+      if (::stat(f.c_str(), &st) != 0 || st.st_mtime < asked) return false;
+    }
+    return true;
+  };
+  settle(limit, fresh);
+  const int dumps = count_flight_dumps(dir);
+  if (dumps > 0) {
+    log_line("flight recorder: " + std::to_string(dumps) + " rank(s) dumped their recent collectives to " +
+             dir + "; `tandem-trace flight " + dir + "` says which rank is behind and where the ranks disagree");
+  }
 }
 
 void WorkerGroup::settle(std::chrono::milliseconds limit, const std::function<bool()>& done) {

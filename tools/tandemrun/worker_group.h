@@ -124,6 +124,13 @@ class WorkerGroup {
   // stopped.
   void settle(std::chrono::milliseconds limit, const std::function<bool()>& done);
 
+  // Before stopping a failed or hung group: asks every running worker that catches SIGUSR1 (a
+  // tandem worker) to dump its flight recorder, waits up to `limit` for the dumps, and says where
+  // they are (a worker that failed on a collective timeout has dumped already).
+  void request_flight_dumps(int restart_count, std::chrono::milliseconds limit);
+  // The flight recorder's directory of attempt `restart_count` (TANDEM_FLIGHT_RECORDER_DIR).
+  std::string flight_dir(int restart_count) const;
+
   const std::vector<Worker>& workers() const { return workers_; }
 
   // The first stop signal (SIGINT, SIGTERM, ...) tandemrun received during the run, also one that

@@ -1,0 +1,42 @@
+// tandemrun's part of the flight recorder (tools/tandemrun/flight_dumps.h).
+#include "tools/tandemrun/flight_dumps.h"
+
+#include <dirent.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+namespace tandem::launcher {
+
+std::string flight_dir(const std::string& log_dir, const std::string& run_id, int restart_count) {
+  const std::string attempt = "attempt_" + std::to_string(restart_count);
+  if (!log_dir.empty()) return log_dir + "/flight/" + attempt;
+  const char* tmp = std::getenv("TMPDIR");
+  return std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/tandem-flight-" + run_id + "/" + attempt;
+}
+
+bool catches_sigusr1(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("SigCgt:", 0) != 0) continue;
+    const unsigned long long mask = std::strtoull(line.c_str() + 7, nullptr, 16);
+    return (mask >> (10 - 1)) & 1ULL;  // SIGUSR1 is 10: bit 9
+  }
+  return false;
+}
+
+int count_flight_dumps(const std::string& dir) {
+  int n = 0;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind("flight_rank", 0) == 0 && name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) ++n;
+    }
+    ::closedir(d);
+  }
+  return n;
+}
+
+}  // namespace tandem::launcher
