@@ -7,7 +7,9 @@
 
 #include <ATen/ops/empty.h>
 
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -15,6 +17,12 @@
 namespace tandem {
 
 using namespace detail;
+
+namespace {
+std::atomic<double> last_commit_time{0};
+}  // namespace
+
+double last_checkpoint_commit_time() { return last_commit_time.load(); }
 
 int64_t CheckpointManager::Impl::allreduce_int(int64_t v, ReduceOp op) const {
   if (!comm) return v;
@@ -165,6 +173,7 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
                           (local_error.empty() ? "committed: " : "saved: ") +
                           failure_cause(local_error, failed, commit_error) + after_failed_save(job.step));
   }
+  last_commit_time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (rank == 0) {
     try {
       remove_old_steps(*fs, opts.directory, opts.keep_last, job.step);

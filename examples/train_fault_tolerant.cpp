@@ -89,6 +89,9 @@ int main(int argc, char** argv) {
         std::printf("attempt %d: starting from scratch\n", restart_count());
     }
     double loss_value = 0;
+    // Progress lines every metrics.log_every steps; under tandemrun --metrics-port, live metrics.
+    tandem::ProgressLogger progress(ctx.config().metrics, train.steps, rank, ctx.world_size());
+    progress.track_overlap(ddp.reducer());
     for (int64_t step = first; step < train.steps; ++step) {
       if (step == crash_at && rank == 1 && restart_count() == 0) {
         std::printf("rank 1: simulating a crash at step %lld (SIGKILL)\n",
@@ -103,9 +106,8 @@ int main(int argc, char** argv) {
       opt.step();
       tandem::heartbeat();
       loss_value = loss.item<double>();
-      if (rank == 0 && (step + 1) % 25 == 0)
-        std::printf("step %4lld  loss %.4f\n", static_cast<long long>(step + 1), loss_value);
       ckpt.maybe_save(step + 1);
+      progress.step(step + 1, loss_value, train.batch_size);
     }
     ckpt.wait();
     if (rank == 0) {

@@ -7,6 +7,8 @@
 #include <tandem/runtime/metrics.h>
 #include <tandem/runtime/reducer.h>
 
+#include "runtime/live_metrics.h"
+
 #include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
@@ -75,7 +78,10 @@ ProgressLogger::ProgressLogger(MetricsOptions options, int64_t total_steps, int 
                         "); set metrics.file to a writable path, or empty to write none.");
     }
   }
-  start_s_ = window_start_s_ = sources_.clock();
+  start_s_ = window_start_s_ = last_step_s_ = sources_.clock();
+  const char* live = std::getenv("TANDEM_METRICS_FILE");
+  live_ = std::make_unique<detail::LiveMetrics>(live != nullptr ? live : "");
+  live_sample_ = std::make_unique<detail::LiveSample>();
 }
 
 ProgressLogger::~ProgressLogger() {
@@ -84,6 +90,7 @@ ProgressLogger::~ProgressLogger() {
 
 void ProgressLogger::track_overlap(const Reducer& reducer) {
   const Reducer* r = &reducer;
+  reducer_ = r;
   sources_.overlap = [r]() -> std::optional<double> {
     const double hidden = r->last_overlap_seconds(), waited = r->last_wait_seconds();
     if (!(hidden + waited > 0)) return std::nullopt;
@@ -91,10 +98,29 @@ void ProgressLogger::track_overlap(const Reducer& reducer) {
   };
 }
 
+void ProgressLogger::publish_live(int64_t step, double loss, int64_t samples) {
+  if (!live_->enabled()) return;
+  const double now = sources_.clock();
+  detail::LiveSample& s = *live_sample_;
+  s.steps = step;
+  s.samples += samples;
+  s.loss = loss;
+  s.step_seconds = now - last_step_s_;
+  if (reducer_ != nullptr) {
+    const double hidden = reducer_->last_overlap_seconds(), waited = reducer_->last_wait_seconds();
+    s.comm_seconds = hidden + waited;
+    s.exposed_comm_seconds = waited;
+    s.wire_bytes[reducer_->codec().name()] += reducer_->codec().bytes_sent_last_step();
+  }
+  live_->update(s, now, total_steps_ > 0 && step == total_steps_);
+  last_step_s_ = now;
+}
+
 std::optional<ProgressRecord> ProgressLogger::step(int64_t step, double loss, int64_t samples) {
   memory::sample_allocator_counter();
   window_samples_ += samples;
   window_steps_ += 1;
+  publish_live(step, loss, samples);
   if (rank_ != 0) return std::nullopt;
   const bool due = (options_.log_every > 0 && step % options_.log_every == 0) ||
                    (total_steps_ > 0 && step == total_steps_ && options_.log_every > 0);

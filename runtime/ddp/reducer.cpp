@@ -186,6 +186,7 @@ bool Reducer::buckets_rebuilt() const {
 
 const std::vector<std::string>& Reducer::parameter_names() const { return state_->names; }
 GradCodec& Reducer::codec() { return *state_->codec; }
+const GradCodec& Reducer::codec() const { return *state_->codec; }
 
 double Reducer::last_overlap_seconds() const {
   std::lock_guard<std::mutex> lock(state_->mutex);

@@ -286,6 +286,16 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                  "Workers record timelines into DIR (TANDEM_TRACE_DIR); merged into "
                  "DIR/timeline.json with a summary after the run (docs/timeline.md)")
       ->envname("PET_TRACE_DIR");
+  app.add_option("--metrics-port,--metrics_port", o.metrics_port,
+                 "Serve the local ranks' live metrics (steps, samples/s, loss, step and "
+                 "communication time, bytes on the wire, allocator bytes, restarts, checkpoint age) "
+                 "in Prometheus's text format at http://HOST:PORT/metrics (0: off)")
+      ->envname("PET_METRICS_PORT")
+      ->check(CLI::Range(0, 65535));
+  app.add_option("--metrics-host,--metrics_host", o.metrics_host,
+                 "Address the metrics endpoint binds (default loopback; 0.0.0.0 for every interface)")
+      ->envname("PET_METRICS_HOST")
+      ->capture_default_str();
   bool standby = false;
   auto* standby_option =
       app.add_flag("--standby,!--no-standby", standby,

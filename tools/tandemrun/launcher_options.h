@@ -30,6 +30,8 @@ struct LauncherOptions {
   double monitor_interval_s = 0.1;       // how often heartbeats are checked (torchrun's default)
   double heartbeat_timeout_s = 0;        // a worker silent this long after its first beat fails; 0 off
   std::string trace_dir;                 // --trace-dir: TANDEM_TRACE_DIR for workers, merged after
+  int metrics_port = 0;                  // --metrics-port: Prometheus endpoint of the local ranks; 0 off
+  std::string metrics_host = "127.0.0.1";  // --metrics-host: the address it binds
   StandbyMode standby_mode = StandbyMode::kAuto;
   bool standby = false;  // start the next attempt's workers ahead (decided at launch)
   // Worker output (torchrun's options; semantics and file layout in log_files.h).

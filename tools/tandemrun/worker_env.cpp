@@ -53,7 +53,7 @@ std::vector<std::string> build_worker_env(const LauncherOptions& options, const 
   // Per-worker channels; an inherited value would point every worker at the same file.
   const std::map<std::string, std::string> channels = {
       {"TORCHELASTIC_ERROR_FILE", slot.error_file}, {"TANDEM_HEARTBEAT_FILE", slot.heartbeat_file},
-      {"TANDEM_FLIGHT_RECORDER_DIR", slot.flight_dir}};
+      {"TANDEM_FLIGHT_RECORDER_DIR", slot.flight_dir}, {"TANDEM_METRICS_FILE", slot.metrics_file}};
 
   std::vector<std::string> env;
   env.reserve(base_env.size() + vars.size());

@@ -15,6 +15,7 @@ struct WorkerSlot {
   std::string error_file;      // TORCHELASTIC_ERROR_FILE when not empty
   std::string heartbeat_file;  // TANDEM_HEARTBEAT_FILE when not empty (--heartbeat-timeout > 0)
   std::string flight_dir;      // TANDEM_FLIGHT_RECORDER_DIR: where the flight recorder dumps
+  std::string metrics_file;    // TANDEM_METRICS_FILE when not empty (--metrics-port)
 };
 
 // Global rank of a local worker: node_rank * nproc_per_node + local_rank (torchrun's layout).

@@ -89,6 +89,18 @@ WorkerGroup::WorkerGroup(LauncherOptions options, std::vector<std::string> base_
                 "): " + std::strerror(errno) + "; set TMPDIR to a writable directory");
   }
   state_dir_ = dir_template;
+  if (options_.metrics_port > 0) {
+    std::string metrics = (::access("/dev/shm", W_OK) == 0 ? std::string("/dev/shm") : state_dir_) +
+                          "/tandemrun-metrics-XXXXXX";
+    if (::mkdtemp(metrics.data()) == nullptr) {
+      throw Error("cannot create a directory for the workers' live metrics (" + metrics +
+                  "): " + std::strerror(errno));
+    }
+    metrics_dir_ = metrics;
+    metrics_ = std::make_unique<MetricsServer>(options_.metrics_host, options_.metrics_port);
+    log_line("metrics of the local ranks at http://" + options_.metrics_host + ":" +
+             std::to_string(options_.metrics_port) + "/metrics (Prometheus text format)");
+  }
   redirects_ = parse_std_spec(options_.redirects, "--redirects");
   tee_ = parse_std_spec(options_.tee, "--tee");
   // Like torchrun: error files live in the log dir whenever there is one; a temp one is made only
@@ -101,6 +113,17 @@ WorkerGroup::WorkerGroup(LauncherOptions options, std::vector<std::string> base_
 }
 
 WorkerGroup::~WorkerGroup() {
+  metrics_.reset();
+  if (!metrics_dir_.empty()) {
+    if (DIR* dir = ::opendir(metrics_dir_.c_str())) {
+      while (const dirent* entry = ::readdir(dir)) {
+        const std::string name = entry->d_name;
+        if (name != "." && name != "..") ::unlink((metrics_dir_ + "/" + name).c_str());
+      }
+      ::closedir(dir);
+    }
+    ::rmdir(metrics_dir_.c_str());
+  }
   standby_.discard();
   if (!state_dir_.empty()) {
     if (DIR* dir = ::opendir(state_dir_.c_str())) {
@@ -145,6 +168,16 @@ void WorkerGroup::start(int restart_count) {
     stop(SIGKILL, std::chrono::milliseconds(0));
     throw;
   }
+  if (metrics_) {
+    std::vector<MetricsServer::Source> sources;
+    for (const auto& w : workers_) {
+      const std::string file = metrics_dir_ + "/rank" + std::to_string(w.rank) + ".txt";
+      ::unlink(file.c_str());  // the last attempt's numbers are not this one's
+      sources.push_back({w.rank, file});
+    }
+    metrics_->set_sources(std::move(sources));
+    metrics_->set_restarts(restart_count);
+  }
   const size_t prepared = standby_.size();
   standby_.discard();  // what was not used
   if (prepared > 0 && activated_ > 0) {
@@ -170,6 +203,7 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
   slot.error_file = log_dir_ ? rank_dir + "/error.json" : file_stem + ".error.json";
   if (options_.heartbeat_timeout_s > 0) slot.heartbeat_file = file_stem + ".heartbeat";
   slot.flight_dir = flight_dir(restart_count);
+  if (metrics_) slot.metrics_file = metrics_dir_ + "/rank" + std::to_string(rank) + ".txt";
   ::unlink(slot.error_file.c_str());
   if (!slot.heartbeat_file.empty()) ::unlink(slot.heartbeat_file.c_str());
   std::vector<std::string> env = build_worker_env(options_, slot, base_env_);

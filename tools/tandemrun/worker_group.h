@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@
 #include "tools/tandemrun/fd_io.h"
 #include "tools/tandemrun/launcher_options.h"
 #include "tools/tandemrun/log_files.h"
+#include "tools/tandemrun/metrics_server.h"
 #include "tools/tandemrun/output_pump.h"
 #include "tools/tandemrun/process_launch.h"
 #include "tools/tandemrun/signal_relay.h"
@@ -173,6 +175,10 @@ class WorkerGroup {
   bool memory_warned_ = false;  // said once why no standby is kept
   std::function<bool()> hook_;
   std::chrono::milliseconds hook_interval_{100};
+  // --metrics-port: the endpoint, and the directory the workers' live metrics files live in
+  // (/dev/shm when there is one: they are rewritten twice a second).
+  std::string metrics_dir_;
+  std::unique_ptr<MetricsServer> metrics_;
 };
 
 }  // namespace tandem::launcher

@@ -195,6 +195,10 @@ class CheckpointManager {
   std::unique_ptr<Impl> impl_;
 };
 
+// When a checkpoint save of this process last committed, in seconds since the epoch (0: none
+// yet). Live metrics report the checkpoint's age from it. Thread-safe.
+double last_checkpoint_commit_time();
+
 // wait_staged() of every live CheckpointManager of the process: the fence an optimizer step must
 // pass (tandem's data-parallel wrappers call it at the end of each backward). Thread-safe.
 void wait_for_checkpoint_staging();

@@ -12,7 +12,8 @@
 // that pace. Peak memory is the installed tandem CPU allocator's allocated-bytes high-water mark
 // when one is installed (memory/cpu_allocator.h), else the process's maximum RSS. Overlap is the
 // share of the last backward's gradient reduction that ran while backward was still computing.
-// Other ranks print and write nothing.
+// Other ranks print and write nothing. Under tandemrun --metrics-port every rank also publishes
+// live metrics for tandemrun's Prometheus endpoint (docs/metrics.md), at most twice a second.
 //
 // Determinism: the text and the JSON depend only on the arguments and the injected sources
 // (clock, peak memory, overlap), so tests pin them.
@@ -26,6 +27,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -39,6 +41,10 @@ struct MetricsOptions {
 };
 
 class Reducer;
+namespace detail {
+class LiveMetrics;
+struct LiveSample;
+}  // namespace detail
 
 struct ProgressSources {
   std::function<double()> clock;         // seconds, monotonic; default: steady_clock
@@ -79,6 +85,7 @@ class ProgressLogger {
   static std::string format_duration(double seconds);
 
  private:
+  void publish_live(int64_t step, double loss, int64_t samples);
   MetricsOptions options_;
   int64_t total_steps_;
   int rank_;
@@ -90,6 +97,11 @@ class ProgressLogger {
   double window_start_s_ = 0;
   int64_t window_samples_ = 0;
   int64_t window_steps_ = 0;
+  // Live metrics (every rank; a no-op unless tandemrun asked for them).
+  const Reducer* reducer_ = nullptr;
+  std::unique_ptr<detail::LiveMetrics> live_;
+  std::unique_ptr<detail::LiveSample> live_sample_;
+  double last_step_s_ = 0;
 };
 
 }  // namespace tandem

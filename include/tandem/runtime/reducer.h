@@ -94,6 +94,7 @@ class Reducer {
   bool buckets_rebuilt() const;
   const std::vector<std::string>& parameter_names() const;
   GradCodec& codec();
+  const GradCodec& codec() const;
   // Of the last synchronised backward: seconds between the first bucket launch and the end of
   // backward (communication that overlapped compute), and seconds spent waiting afterwards.
   double last_overlap_seconds() const;
