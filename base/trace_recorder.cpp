@@ -281,6 +281,11 @@ void write_file(const std::string& path, Write&& write) {
 }  // namespace
 
 void start(const TraceOptions& options, int rank) {
+  if (options.nvtx && !nvtx_available()) {
+    throw ConfigError("tandem: trace.nvtx needs a tandem built with the CUDA toolkit (its nvtx3 headers); "
+                      "--set trace.nvtx=false, or rebuild where CUDA is installed.");
+  }
+  detail::g_nvtx.store(options.nvtx, std::memory_order_release);
   if (!options.enabled) return;
   if (rank < 0) {
     throw ConfigError("tandem: trace::start(): rank " + std::to_string(rank) +
@@ -409,6 +414,10 @@ void counter(std::string_view name, const Args& values) {
 }
 
 void Span::end() {
+  if (nvtx_ != 0) {
+    nvtx_end(nvtx_);
+    nvtx_ = 0;
+  }
   if (!active_) return;
   active_ = false;
   complete(name_, category_, begin_us_, now_us(), args_);

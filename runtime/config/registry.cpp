@@ -223,6 +223,8 @@ std::vector<KeySpec> build() {
                       "Also record allocator counters."));
   k.push_back(number("trace.max_events", TANDEM_REF(trace.max_events), ge(1),
                      "Events kept per process; later ones are dropped."));
+  k.push_back(boolean("trace.nvtx", TANDEM_REF(trace.nvtx),
+                      "NVTX ranges around forward, backward, buckets, collectives and checkpoint phases (Nsight Systems; CUDA builds)."));
   k.push_back(number("metrics.log_every", TANDEM_REF(metrics.log_every), ge(0),
                      "Steps between progress lines (0: none)."));
   k.push_back(text("metrics.file", TANDEM_REF(metrics.file), "JSON-lines metrics of rank 0 (empty: none)."));

@@ -140,8 +140,10 @@ at::ScalarType DistributedDataParallelCore::input_dtype() const {
 DistributedDataParallelCore::~DistributedDataParallelCore() = default;
 
 namespace {
-// trace: start of the forward in flight on this thread (after the buffer broadcast, which is comm).
+// trace: start of the forward in flight on this thread (after the buffer broadcast, which is comm),
+// and its NVTX range.
 thread_local int64_t t_forward_begin_us = 0;
+thread_local uint64_t t_forward_nvtx = 0;
 }  // namespace
 
 void DistributedDataParallelCore::pre_forward() {
@@ -157,6 +159,7 @@ void DistributedDataParallelCore::pre_forward() {
     memory::sample_allocator_counter();
     t_forward_begin_us = trace::now_us();
   }
+  if (trace::nvtx()) t_forward_nvtx = trace::nvtx_start("tandem forward");
 }
 
 void DistributedDataParallelCore::shadow_step(bool sync) {
@@ -175,6 +178,8 @@ void DistributedDataParallelCore::shadow_step(bool sync) {
 void DistributedDataParallelCore::broadcast_buffers() { broadcast_coalesced(*comm_, buffers_, 0); }
 
 void DistributedDataParallelCore::post_forward(const std::vector<at::Tensor>& outputs) {
+  trace::nvtx_end(t_forward_nvtx);
+  t_forward_nvtx = 0;
   if (trace::enabled() && t_forward_begin_us != 0) {
     trace::complete("forward", trace::kCompute, t_forward_begin_us, trace::now_us());
     t_forward_begin_us = 0;

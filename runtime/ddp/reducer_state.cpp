@@ -106,6 +106,7 @@ void ReducerState::mark_ready(int64_t p) {
     if (next_launch == 1) first_launch = ReducerClock::now();
     next.grads.step = step;
     next.launch_us = trace::enabled() ? trace::now_us() : 0;
+    if (trace::nvtx()) next.nvtx = trace::nvtx_start("tandem bucket reduce");
     next.work = codec->reduce(*comm, next.grads);
   }
 }
@@ -145,6 +146,7 @@ void ReducerState::on_grad_ready(int64_t p) {
   if (!callback_queued) {
     callback_queued = true;
     backward_begin_us = trace::enabled() ? trace::now_us() : 0;
+    if (trace::nvtx()) backward_nvtx = trace::nvtx_start("tandem backward");
     std::weak_ptr<ReducerState> weak = weak_from_this();
     torch::autograd::Engine::get_default_engine().queue_callback([weak] {
       if (auto self = weak.lock()) self->finalize();
@@ -214,6 +216,12 @@ void ReducerState::finalize() {
   for (auto& w : works) w->wait();
   const auto done = ReducerClock::now();
   std::lock_guard<std::mutex> lock(mutex);
+  for (auto& b : buckets) {
+    trace::nvtx_end(b.nvtx);
+    b.nvtx = 0;
+  }
+  trace::nvtx_end(backward_nvtx);
+  backward_nvtx = 0;
   if (trace::enabled()) trace_backward(wait_start, done);
   overlap_seconds = std::chrono::duration<double>(wait_start - first_launch).count();
   wait_seconds = std::chrono::duration<double>(done - wait_start).count();

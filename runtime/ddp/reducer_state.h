@@ -30,6 +30,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
     int64_t pending = 0;
     WorkPtr work;
     int64_t launch_us = 0;  // trace: when the reduce was launched (0: not traced)
+    uint64_t nvtx = 0;      // its NVTX range while in flight (0: none)
   };
 
   // finalize() waits for async checkpoint copies, so saves may defer them (checkpoint_manager.h).
@@ -63,6 +64,7 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
   double overlap_seconds = 0;
   double wait_seconds = 0;
   int64_t backward_begin_us = 0;  // trace: first grad hook of this backward (0: not traced)
+  uint64_t backward_nvtx = 0;     // NVTX: this backward's range (0: none)
 
   // Buckets (reducer_state.cpp); the caller holds `mutex` unless said otherwise.
   // Parameter `param`'s slot in its bucket, shaped like the parameter.

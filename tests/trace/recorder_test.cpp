@@ -302,5 +302,37 @@ TEST(TraceRecorder, TimestampsAreWallClockMicroseconds) {
   EXPECT_LT(std::llabs(now_us() - wall), 1000000);
 }
 
+// Issue 19: NVTX ranges are off until trace.nvtx asks for them, work without a recording session
+// and without a profiler attached (each call is then a no-op inside nvtx3), and a build without
+// the headers refuses the option by name.
+TEST(Nvtx, RangesAreOffUntilAskedForAndBalancedWhenOn) {
+  EXPECT_FALSE(nvtx());
+  EXPECT_EQ(nvtx_start("off"), 0u);
+  TraceOptions o;
+  o.nvtx = true;  // no recording session: NVTX alone
+  if (!nvtx_available()) {
+    try {
+      start(o, 0);
+      ADD_FAILURE() << "trace.nvtx accepted without NVTX";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--set trace.nvtx=false"), std::string::npos) << e.what();
+    }
+    return;
+  }
+  start(o, 0);
+  EXPECT_TRUE(nvtx());
+  EXPECT_FALSE(enabled());
+  const uint64_t id = nvtx_start("tandem test range");
+  EXPECT_NE(id, 0u);
+  nvtx_end(id);
+  {
+    Span span("tandem test span", kCompute);  // an NVTX range, no trace event
+    span.end();
+  }
+  o.nvtx = false;
+  start(o, 0);
+  EXPECT_FALSE(nvtx());
+}
+
 }  // namespace
 }  // namespace tandem::trace

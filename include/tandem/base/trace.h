@@ -41,6 +41,7 @@ struct TraceOptions {
   std::string dir = "trace";      // trace.dir: each rank writes <dir>/rank<R>.json
   bool allocator_events = false;  // trace.allocator_events: also record allocator counters
   int64_t max_events = 1000000;   // trace.max_events: events kept per process; later ones dropped
+  bool nvtx = false;              // trace.nvtx: also NVTX ranges for Nsight Systems (CUDA builds)
 };
 
 }  // namespace tandem
@@ -58,14 +59,26 @@ inline constexpr const char* kMemory = "memory";          // allocator counters
 
 namespace detail {
 extern std::atomic<bool> g_enabled;
+extern std::atomic<bool> g_nvtx;
 }  // namespace detail
 
 // True while a session records. One relaxed load.
 inline bool enabled() noexcept { return detail::g_enabled.load(std::memory_order_relaxed); }
 
+// NVTX ranges (Nsight Systems): on when trace.nvtx asked for them in a build with the NVTX headers
+// (the CUDA toolkit's header-only nvtx3; nothing is linked, and without a profiler attached each
+// range is a no-op call). Off, each site costs one relaxed load.
+inline bool nvtx() noexcept { return detail::g_nvtx.load(std::memory_order_relaxed); }
+// Whether this build has NVTX.
+bool nvtx_available() noexcept;
+// A process-wide range (may end on another thread); 0 when NVTX is off.
+uint64_t nvtx_start(const char* name) noexcept;
+void nvtx_end(uint64_t id) noexcept;
+
 // Starts a session writing to `options.dir`/rank<rank>.json at stop(). Does nothing when
-// options.enabled is false. Creates the directory. Throws ConfigError when a session is already
-// running, rank < 0, max_events < 1, or the directory cannot be created.
+// options.enabled is false (but for switching NVTX ranges on or off, per options.nvtx). Creates the
+// directory. Throws ConfigError when a session is already running, rank < 0, max_events < 1, the
+// directory cannot be created, or options.nvtx in a build without NVTX.
 void start(const TraceOptions& options, int rank);
 
 // Ends the session and writes its file; returns the path written ("" when no session ran).
@@ -118,9 +131,10 @@ void counter(std::string_view name, const Args& values);
 class Span {
  public:
   Span(const char* name, const char* category) noexcept
-      : active_(enabled()), name_(name), category_(category), begin_us_(active_ ? now_us() : 0) {}
+      : active_(enabled()), name_(name), category_(category), begin_us_(active_ ? now_us() : 0),
+        nvtx_(nvtx() ? nvtx_start(name) : 0) {}
   ~Span() {
-    if (active_) end();
+    if (active_ || nvtx_ != 0) end();
   }
   Span(const Span&) = delete;
   Span& operator=(const Span&) = delete;
@@ -138,6 +152,7 @@ class Span {
   const char* name_;
   const char* category_;
   int64_t begin_us_;
+  uint64_t nvtx_;  // its NVTX range (0: none)
   Args args_;
 };
 
