@@ -25,4 +25,13 @@ if "$tune" --grid ddp.bucket_cap_mb=1 --steps 20 --log-every 5 -- false >bad.txt
   fail "an all-failing grid must exit non-zero"
 fi
 grep -q "every trial failed" bad.txt || { cat bad.txt; fail "no 'every trial failed' message"; }
+# --scale (issue 19): the same training at 1 and 2 ranks, throughput and scaling efficiency.
+out="$("$tune" --scale 2 --steps 20 --log-every 5 --dir scale \
+        -- "$tandemrun" --standalone --nproc-per-node 1 "$train_lm" --set train.batch_size=4 2>&1)" ||
+  { echo "$out"; fail "tandem-tune --scale failed"; }
+echo "$out"
+grep -q "ranks *samples/s *per rank *speedup *efficiency" <<<"$out" || fail "no scaling table"
+grep -Eq "^1 +[0-9.]+ +[0-9.]+ +1.00x +100.0%" <<<"$out" || fail "no 1-rank row at 100%"
+grep -Eq "^2 +[0-9.]+ +[0-9.]+ +[0-9.]+x +[0-9.]+%" <<<"$out" || fail "no 2-rank row"
+[ -s scale/ranks_2.jsonl ] || fail "missing scale/ranks_2.jsonl"
 echo "run_tune: ok"

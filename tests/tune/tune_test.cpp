@@ -109,6 +109,17 @@ TEST(TunePlan, TableMarksTheBestAndFailedTrials) {
   EXPECT_EQ(best(results), std::nullopt);
 }
 
+TEST(TunePlan, ScalingReplacesTheRankCountAndComputesEfficiency) {
+  const std::vector<std::string> cmd = {"tandemrun", "--standalone", "--nproc-per-node", "1", "train"};
+  EXPECT_EQ(scale_command(cmd, 4)[3], "4");
+  EXPECT_EQ(scale_command({"tandemrun", "--nproc_per_node=2", "train"}, 3)[1], "--nproc_per_node=3");
+  EXPECT_THROW(scale_command({"train"}, 2), ConfigError);
+  const std::string table = format_scaling_table({{1, 100.0, "ok"}, {2, 180.0, "ok"}, {4, std::nullopt, "exit 1"}});
+  EXPECT_NE(table.find("1.80x"), std::string::npos) << table;
+  EXPECT_NE(table.find("90.0%"), std::string::npos) << table;  // (T1/T2)/2 = 180 / (2 x 100)
+  EXPECT_NE(table.find("failed: exit 1"), std::string::npos) << table;
+}
+
 TEST(TunePlan, BestConfigYamlLoadsBackIntoTheSameValues) {
   const TrialResult r{Trial{{"ddp.bucket_cap_mb", "5"},
                             {"compression.codec", "powersgd"},

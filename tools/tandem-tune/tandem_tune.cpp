@@ -3,7 +3,11 @@
 //   tandem-tune --grid ddp.bucket_cap_mb=1,5,25 --grid compression.codec=average,fp16
 //       --steps 40 -- tandemrun --standalone --nproc-per-node 2 build/bin/train_lm
 //
-// Each trial runs the command after "--" with --set KEY=VALUE for its grid point, plus
+//   tandem-tune --scale 4 --steps 60 -- tandemrun --standalone --nproc-per-node 1 build/bin/train_lm
+//
+// --scale N runs the same command at 1, 2, ..., N ranks (its --nproc-per-node replaced) and prints
+// the throughput and the scaling efficiency (T1/TN)/N of each. Otherwise each trial runs the
+// command after "--" with --set KEY=VALUE for its grid point, plus
 // --set train.steps, metrics.file and metrics.log_every; its throughput is the median samples/s of
 // the progress records after the warm-up. The program must read tandem's config (tandem::Context)
 // and log with tandem::ProgressLogger. See docs/tuning.md.
@@ -79,6 +83,48 @@ std::string run_trial(const std::vector<std::string>& argv, const std::string& l
   return std::string("killed by signal ") + std::to_string(WTERMSIG(status));
 }
 
+// The command at 1..max_ranks ranks: median throughput over `repeats` rounds each, and the table.
+int scale_main(const std::vector<std::string>& command, int max_ranks, int64_t steps, int64_t log_every,
+               int warmup, int repeats, double timeout_s, const std::string& dir) {
+  std::filesystem::create_directories(dir);
+  std::vector<tandem::tune::ScalePoint> points;
+  for (int n = 1; n <= max_ranks; ++n) points.push_back({n, std::nullopt, "ok"});
+  std::vector<std::vector<double>> rates(points.size());
+  const tandem::tune::Trial none;
+  for (int round = 1; round <= repeats; ++round) {
+    for (size_t i = 0; i < points.size(); ++i) {
+      auto& p = points[i];
+      if (p.status != "ok") continue;
+      const std::string name = dir + "/ranks_" + std::to_string(p.ranks) +
+                               (repeats > 1 ? "_round_" + std::to_string(round) : "");
+      std::filesystem::remove(name + ".jsonl");
+      const auto args = tandem::tune::trial_command(tandem::tune::scale_command(command, p.ranks), none, steps,
+                                                    log_every, name + ".jsonl");
+      std::cout << p.ranks << " rank(s)" << (repeats > 1 ? " round " + std::to_string(round) : "") << ":" << std::flush;
+      p.status = run_trial(args, name + ".log", timeout_s);
+      std::optional<double> rate;
+      if (p.status == "ok") {
+        rate = tandem::tune::throughput(name + ".jsonl", warmup);
+        if (!rate) p.status = "no progress records in " + name + ".jsonl";
+      } else {
+        p.status += " (see " + name + ".log)";
+      }
+      if (rate) rates[i].push_back(*rate);
+      std::cout << (rate ? "  " + std::to_string(static_cast<int64_t>(*rate)) + " samples/s" : "  failed: " + p.status)
+                << "\n";
+    }
+  }
+  for (size_t i = 0; i < points.size(); ++i) {
+    auto& v = rates[i];
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end());
+    points[i].samples_per_s = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+  }
+  std::cout << "\n" << tandem::tune::format_scaling_table(points);
+  const bool any = std::any_of(points.begin(), points.end(), [](const auto& p) { return p.samples_per_s.has_value(); });
+  return any ? 0 : 1;
+}
+
 int tune_main(int argc, char** argv) {
   // Everything after "--" is the command, verbatim.
   std::vector<std::string> command;
@@ -90,15 +136,20 @@ int tune_main(int argc, char** argv) {
       break;
     }
   }
-  CLI::App app("tandem-tune: short trials over a grid of config values (docs/tuning.md)\n"
-               "usage: tandem-tune --grid KEY=V1,V2 [--grid ...] [options] -- COMMAND [ARGS...]");
+  CLI::App app("tandem-tune: short trials over a grid of config values, or a scaling run (docs/tuning.md)\n"
+               "usage: tandem-tune --grid KEY=V1,V2 [--grid ...] [options] -- COMMAND [ARGS...]\n"
+               "       tandem-tune --scale N [options] -- tandemrun ... --nproc-per-node 1 PROGRAM [ARGS...]");
   std::vector<std::string> grid;
   int64_t steps = 40, log_every = 10;
   int warmup = 1, repeats = 1;
   double timeout_s = 600;
   std::string dir = "tune_trials", out = "tune_best.yaml";
-  app.add_option("--grid", grid, "KEY=V1,V2,... (repeatable; every combination is tried)")
-      ->required();
+  int scale = 0;
+  auto* grid_option = app.add_option("--grid", grid, "KEY=V1,V2,... (repeatable; every combination is tried)");
+  app.add_option("--scale", scale, "instead of a grid: the command at 1, 2, ..., N ranks (its "
+                                   "--nproc-per-node replaced): throughput and scaling efficiency")
+      ->check(CLI::Range(1, 4096))
+      ->excludes(grid_option);
   app.add_option("--steps", steps, "training steps per trial (train.steps)")
       ->check(CLI::PositiveNumber);
   app.add_option("--log-every", log_every, "steps per progress record (metrics.log_every)")
@@ -124,6 +175,8 @@ int tune_main(int argc, char** argv) {
       throw tandem::ConfigError("--steps " + std::to_string(steps) + " with --log-every " +
                                 std::to_string(log_every) + " gives no record after " +
                                 std::to_string(warmup) + " warm-up record(s); raise --steps");
+    if (scale > 0) return scale_main(command, scale, steps, log_every, warmup, repeats, timeout_s, dir);
+    if (grid.empty()) throw tandem::ConfigError("give --grid KEY=V1,V2 (or --scale N)");
     std::vector<tandem::tune::Axis> axes;
     for (const auto& g : grid) axes.push_back(tandem::tune::parse_axis(g));
     const auto trials = tandem::tune::expand(axes);

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <set>
+#include <iomanip>
 #include <sstream>
 
 namespace tandem::tune {
@@ -166,6 +167,56 @@ std::string best_config_yaml(const TrialResult& best, const std::string& comment
     for (const auto& line : strings::split(comment, '\n')) out += "# " + line + "\n";
   }
   return out + yaml.c_str() + "\n";
+}
+
+std::vector<std::string> scale_command(const std::vector<std::string>& command, int ranks) {
+  std::vector<std::string> out = command;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const std::string& a = out[i];
+    for (const std::string flag : {"--nproc-per-node", "--nproc_per_node"}) {
+      if (a == flag && i + 1 < out.size()) {
+        out[i + 1] = std::to_string(ranks);
+        return out;
+      }
+      if (a.rfind(flag + "=", 0) == 0) {
+        out[i] = flag + "=" + std::to_string(ranks);
+        return out;
+      }
+    }
+  }
+  throw ConfigError("--scale: the command has no --nproc-per-node N to vary; give a tandemrun "
+                    "command (e.g. -- tandemrun --standalone --nproc-per-node 1 build/bin/train_lm)");
+}
+
+std::string format_scaling_table(const std::vector<ScalePoint>& points) {
+  std::optional<double> base;
+  int base_ranks = 0;
+  for (const auto& p : points) {
+    if (p.samples_per_s) {
+      base = p.samples_per_s;
+      base_ranks = p.ranks;
+      break;
+    }
+  }
+  std::ostringstream out;
+  out << std::left << std::setw(7) << "ranks" << std::right << std::setw(13) << "samples/s"
+      << std::setw(11) << "per rank" << std::setw(9) << "speedup" << std::setw(12) << "efficiency"
+      << "\n";
+  for (const auto& p : points) {
+    out << std::left << std::setw(7) << p.ranks << std::right;
+    if (!p.samples_per_s) {
+      out << "  failed: " << p.status << "\n";
+      continue;
+    }
+    const double rate = *p.samples_per_s;
+    const double speedup = rate / *base;
+    const double ideal = static_cast<double>(p.ranks) / base_ranks;
+    out << std::setw(13) << std::fixed << std::setprecision(1) << rate << std::setw(11) << rate / p.ranks
+        << std::setw(8) << std::setprecision(2) << speedup << "x" << std::setw(11) << std::setprecision(1)
+        << 100.0 * speedup / ideal << "%\n";
+  }
+  if (base && base_ranks != 1) out << "(speedup and efficiency relative to " << base_ranks << " ranks)\n";
+  return out.str();
 }
 
 }  // namespace tandem::tune

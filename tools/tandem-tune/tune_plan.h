@@ -62,4 +62,19 @@ std::string format_table(const std::vector<TrialResult>& results);
 // came from: pass it as one more --config after your own.
 std::string best_config_yaml(const TrialResult& best, const std::string& comment);
 
+// Scaling (tandem-tune --scale): `command` (a tandemrun command line) with its --nproc-per-node
+// value replaced by `ranks`. Throws ConfigError when the command has no --nproc-per-node N.
+std::vector<std::string> scale_command(const std::vector<std::string>& command, int ranks);
+
+struct ScalePoint {
+  int ranks = 0;
+  std::optional<double> samples_per_s;  // nullopt: the run failed
+  std::string status;
+};
+
+// ranks, samples/s, per rank, speedup over the first successful point and scaling efficiency
+// (T1/TN)/N = throughput_N / (N x throughput_1) (the time of a fixed amount of work on N ranks
+// against one: 1.0 is perfect scaling).
+std::string format_scaling_table(const std::vector<ScalePoint>& points);
+
 }  // namespace tandem::tune
