@@ -43,6 +43,12 @@ std::vector<KeySpec> build() {
                       "Mark parameters that got no gradient as ready after backward (models with unused branches)."));
   k.push_back(boolean("ddp.gradient_as_bucket_view", TANDEM_REF(ddp.gradient_as_bucket_view),
                       ".grad tensors are views into the buckets (no copy in or out)."));
+  k.push_back(choice("ddp.overlap", TANDEM_REF(ddp.overlap),
+                     std::vector<std::pair<std::string, DistributedDataParallelOptions::Overlap>>{
+                         {"auto", DistributedDataParallelOptions::Overlap::kAuto},
+                         {"true", DistributedDataParallelOptions::Overlap::kOn},
+                         {"false", DistributedDataParallelOptions::Overlap::kOff}},
+                     "Reduce buckets while backward runs (auto: only with a core to spare for communication on this host)."));
   k.push_back(boolean("ddp.broadcast_buffers", TANDEM_REF(ddp.broadcast_buffers),
                       "Broadcast rank 0's buffers (e.g. batch-norm statistics) before each forward."));
   // sharding

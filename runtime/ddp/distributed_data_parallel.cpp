@@ -9,11 +9,14 @@
 #include "runtime/ddp/master_weights.h"
 #include "runtime/rank_agreement.h"
 
+#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/tensor.h>
 
+#include <cstdlib>
 #include <map>
+#include <thread>
 #include <sstream>
 
 namespace tandem {
@@ -69,6 +72,17 @@ void verify_same_parameters(Communicator& comm, const std::string& mine) {
   }
 }
 
+// ddp.overlap resolved: auto overlaps only with a core to spare for the communication thread.
+bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm) {
+  if (overlap != DistributedDataParallelOptions::Overlap::kAuto) {
+    return overlap == DistributedDataParallelOptions::Overlap::kOn;
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");  // the launcher contract (dist_env.h)
+  const int ranks_here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : comm.size();
+  return cores == 0 || static_cast<unsigned>(ranks_here * at::get_num_threads()) < cores;
+}
+
 }  // namespace
 
 DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
@@ -101,6 +115,7 @@ DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::
   reducer_options.first_bucket_cap_mb = options_.first_bucket_cap_mb;
   reducer_options.find_unused_parameters = options_.find_unused_parameters;
   reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
+  reducer_options.overlap = overlap_pays(options_.overlap, *comm_);
   params_ = params;
   std::vector<at::Tensor> grad_targets;  // empty: the parameters' own .grad
   if (options_.mixed_precision.enabled()) {

@@ -101,6 +101,10 @@ void ReducerState::mark_ready(int64_t p) {
   ready[p] = 1;
   Bucket& b = buckets[location[p].first];
   if (--b.pending > 0) return;
+  if (options.overlap) launch_ready();
+}
+
+void ReducerState::launch_ready() {
   while (next_launch < static_cast<int64_t>(buckets.size()) && buckets[next_launch].pending == 0) {
     Bucket& next = buckets[next_launch++];
     if (next_launch == 1) first_launch = ReducerClock::now();
@@ -186,6 +190,7 @@ void ReducerState::finalize() {
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (mode != Mode::kSynchronizing) return;
+    if (!options.overlap) launch_ready();  // every bucket now, in order, with the cores free
     if (next_launch < static_cast<int64_t>(buckets.size())) {
       std::string bucket_list, param_list;
       int listed = 0;

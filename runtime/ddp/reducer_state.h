@@ -79,8 +79,10 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
   BucketPlan plan_for(const std::vector<int64_t>& order) const;
   // The bucket slot takes the parameter's current gradient (zeros when it has none).
   void copy_into_bucket(int64_t p);
-  // Counts `p` ready and launches, in bucket order, every bucket that is complete.
+  // Counts `p` ready and (with overlap) launches, in bucket order, every bucket that is complete.
   void mark_ready(int64_t p);
+  // Launches, in bucket order, every complete bucket not launched yet.
+  void launch_ready();
   void reset_iteration();
   // The grad-ready hook of parameter `p` (takes `mutex`).
   void on_grad_ready(int64_t p);

@@ -345,5 +345,29 @@ TEST(DistributedDataParallel, AcceptsModuleHoldersAndSkipsFrozenParameters) {
   });
 }
 
+// ddp.overlap = false launches every bucket after backward: the same sums in the same bucket
+// order, so the same bits as overlapping.
+TEST(DistributedDataParallelEdge, WithoutOverlapTheGradientsAreBitwiseTheSame) {
+  std::vector<std::vector<at::Tensor>> grads(2);
+  for (const auto overlap : {DistributedDataParallelOptions::Overlap::kOn, DistributedDataParallelOptions::Overlap::kOff}) {
+    const auto models = make_replicas<MlpImpl>(2, 0);
+    std::vector<std::vector<at::Tensor>> per_rank(2);
+    run_ranks(2, [&](Communicator& comm) {
+      DistributedDataParallelOptions options = small_buckets();
+      options.overlap = overlap;
+      DistributedDataParallel ddp(models[comm.rank()], borrow(comm), options);
+      for (int step = 0; step < 3; ++step) {  // the rebuilt plan too
+        models[comm.rank()]->zero_grad();
+        const Batch b = make_batch(6, seed_of(comm.rank(), step));
+        torch::mse_loss(ddp(b.x), b.y).backward();
+      }
+      per_rank[comm.rank()] = grads_of(*models[comm.rank()]);
+    }, timeout_of(20s));
+    grads[overlap == DistributedDataParallelOptions::Overlap::kOn ? 0 : 1] = per_rank[1];
+  }
+  ASSERT_EQ(grads[0].size(), grads[1].size());
+  for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << i;
+}
+
 }  // namespace
 }  // namespace tandem

@@ -154,10 +154,13 @@ GlooOptions timeout_of(std::chrono::milliseconds timeout) {
 }
 
 // Several buckets for the tiny models here (the first closes at 209 bytes, the others at 1 KiB).
+// Overlap on: the path that launches buckets while backward runs (auto turns it off on a machine
+// with no core to spare, such as the 2-core CI machine running ranks as threads).
 DistributedDataParallelOptions small_buckets() {
   DistributedDataParallelOptions options;
   options.bucket_cap_mb = 0.001;
   options.first_bucket_cap_mb = 0.0002;
+  options.overlap = DistributedDataParallelOptions::Overlap::kOn;
   return options;
 }
 

@@ -55,6 +55,12 @@ struct DistributedDataParallelOptions {
   // They are plain tensors, so optimizers' zero_grad() works; set false to keep separate .grad.
   bool gradient_as_bucket_view = true;
   bool broadcast_buffers = true;         // rank 0's buffers to all ranks before each forward
+  // ddp.overlap: reduce buckets while backward runs (kOn), after it (kOff), or kAuto: overlap
+  // only when this host has a core to spare for communication (LOCAL_WORLD_SIZE x compute threads
+  // < cores); without one, overlapped communication steals the compute's cores and costs more
+  // than it hides (bench data_parallel on 2 cores).
+  enum class Overlap { kAuto, kOn, kOff };
+  Overlap overlap = Overlap::kAuto;
   std::shared_ptr<GradCodec> codec;      // null: average all-reduce
   MixedPrecisionOptions mixed_precision; // precision.param_dtype / precision.reduce_in_fp32
 };

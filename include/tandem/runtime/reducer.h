@@ -52,6 +52,9 @@ struct ReducerOptions {
   double first_bucket_cap_mb = 1.0;
   bool find_unused_parameters = false;
   bool gradient_as_bucket_view = true;
+  // Launch each bucket's reduction while backward runs (true), or all of them once backward ends
+  // (false: where the machine has no core to spare for communication, overlap only slows compute).
+  bool overlap = true;
   // The dtype of the buckets (mixed precision: float32 for low-precision parameters); Undefined:
   // each parameter's own.
   at::ScalarType bucket_dtype = at::ScalarType::Undefined;
