@@ -24,6 +24,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <typeinfo>
 
 namespace tandem {
@@ -148,6 +149,10 @@ class FatalSignalHandlers {
   bool installed_[kFatalCount] = {};
 };
 
+// How long a rank whose error is a consequence of a peer's failure waits before it reports:
+// longer than a failing process takes to exit, and more than the error file's 1 s resolution.
+constexpr std::chrono::milliseconds kConsequenceDelay{2000};
+
 // ---- heartbeat --------------------------------------------------------------------------------
 
 constexpr std::int64_t kMinBeatIntervalNs = 100'000'000;  // 100 ms
@@ -239,10 +244,13 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
   }
   FatalSignalHandlers handlers;
   std::string message;
+  bool consequence = false;
   try {
     return fn(argc, argv);
   } catch (const std::exception& e) {
     message = strings::demangle(typeid(e).name()) + ": " + e.what();
+    consequence = dynamic_cast<const CommError*>(&e) != nullptr &&
+                  dynamic_cast<const TimeoutError*>(&e) == nullptr;
   } catch (...) {
     message = strings::demangle(abi::__cxa_current_exception_type() != nullptr
                                     ? abi::__cxa_current_exception_type()->name()
@@ -252,6 +260,11 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
   const std::string line = "tandem::run_main: uncaught exception: " + message + "\n";
   const ssize_t ignored = ::write(2, line.data(), line.size());
   (void)ignored;
+  // A communication error that is not a timeout means a peer left or died, usually because it
+  // failed first. Under a launcher, report it a little later than that peer: torchrun names the
+  // first process it sees exit (and, among several, the earliest error-file timestamp) as the
+  // root cause, and this rank often notices the peer's death before the peer has finished exiting.
+  if (consequence && g_have_error_path) std::this_thread::sleep_for(kConsequenceDelay);
   write_error_file(message, "C++ exception (no stack trace recorded)\n" + message + "\n");
   return 1;
 }

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -177,6 +178,17 @@ RunResult run_tandemrun(const std::vector<std::string>& args, const std::vector<
                         std::chrono::milliseconds timeout) {
   TandemrunProcess process(args, env);
   return process.finish(timeout);
+}
+
+TempDir::TempDir(const std::string& tag) {
+  std::string name = "/tmp/tandem-" + tag + "-XXXXXX";
+  if (::mkdtemp(name.data()) == nullptr) throw std::runtime_error("mkdtemp " + name + ": " + std::strerror(errno));
+  path = name;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path, ignored);
 }
 
 std::vector<std::string> split_lines(const std::string& text) {

@@ -74,6 +74,15 @@ class TandemrunProcess {
   std::chrono::steady_clock::time_point start_;
 };
 
+// A fresh directory under /tmp named after `tag`, removed with everything in it at destruction.
+struct TempDir {
+  explicit TempDir(const std::string& tag);
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::string path;
+};
+
 // Starts tandemrun with `args` and waits for it (bounded).
 RunResult run_tandemrun(const std::vector<std::string>& args,
                         const std::vector<std::string>& env = clean_env(),

@@ -25,14 +25,7 @@ using launcher_test::clean_env;
 using launcher_test::RunResult;
 using namespace std::chrono_literals;
 
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/tandem-precision-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
+using launcher_test::TempDir;
 
 RunResult run_worker(int world, std::vector<std::string> args) {
   std::vector<std::string> full = {"--standalone", "--nproc-per-node", std::to_string(world),
@@ -121,7 +114,7 @@ TEST_P(PrecisionProcesses, JoinedRanksShadowTheRestAndTheMastersAgree) {
 }
 
 TEST_P(PrecisionProcesses, Bf16RunResumedFromACheckpointEndsBitForBit) {
-  TempDir straight_dir, resumed_dir;
+  TempDir straight_dir("precision"), resumed_dir("precision");
   const auto run = [&](const std::string& dir, int steps) {
     return run_worker(world(), args({"--mode", "resume", "--set", "precision.param_dtype=bf16", "--set",
                                      "precision.scaler.enabled=true", "--set", "train.steps=" + std::to_string(steps),

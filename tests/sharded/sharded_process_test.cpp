@@ -21,14 +21,7 @@ using launcher_test::clean_env;
 using launcher_test::RunResult;
 using namespace std::chrono_literals;
 
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/tandem-sharded-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
+using launcher_test::TempDir;
 
 RunResult run_worker(int world, std::vector<std::string> args) {
   std::vector<std::string> full = {"--standalone", "--nproc-per-node", std::to_string(world),
@@ -50,7 +43,7 @@ class ShardedProcesses : public ::testing::TestWithParam<int> {};
 
 TEST_P(ShardedProcesses, EveryStageEndsWithDistributedDataParallelsParameters) {
   const int world = GetParam();
-  TempDir dir;
+  TempDir dir("sharded");
   const auto ddp = trained(world, 0, dir.path);
   ASSERT_FALSE(ddp.empty());
   for (int stage : {1, 2, 3}) {
@@ -94,7 +87,7 @@ class ShardedReshardProcesses : public ::testing::TestWithParam<Reshard> {};
 
 TEST_P(ShardedReshardProcesses, SavedAtOneWorldSizeResumedAtAnotherContinuesToTheSameLoss) {
   const auto [from, to] = GetParam();
-  TempDir dir;
+  TempDir dir("sharded");
   const std::vector<std::string> common = {"--mode", "reshard", "--set", "sharding.stage=3", "--set",
                                            "train.steps=10", "--set", "checkpoint.directory=" + dir.path,
                                            "--set", "checkpoint.keep_last=0", "--set", "checkpoint.async=false"};

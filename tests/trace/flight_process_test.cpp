@@ -23,14 +23,7 @@ using launcher_test::RunResult;
 using launcher_test::TandemrunProcess;
 using namespace std::chrono_literals;
 
-struct TempDir {
-  TempDir() {
-    char name[] = "/tmp/tandem-flight-test-XXXXXX";
-    path = ::mkdtemp(name);
-  }
-  ~TempDir() { std::filesystem::remove_all(path); }
-  std::string path;
-};
+using launcher_test::TempDir;
 
 RunResult run(const std::string& mode, const std::string& log_dir, int world = 3) {
   return launcher_test::run_tandemrun({"--standalone", "--nproc-per-node", std::to_string(world), "--log-dir",
@@ -49,7 +42,7 @@ std::string dump_dir(const RunResult& r) {
 }
 
 TEST(FlightRecorder, ARankThatStoppedIssuingIsNamedWithTheCollectiveItNeverIssued) {
-  TempDir logs;
+  TempDir logs("flight-test");
   const RunResult r = run("behind", logs.path);
   ASSERT_TRUE(r.exited) << r.out << r.err;
   EXPECT_NE(r.exit_code, 0);
@@ -72,7 +65,7 @@ TEST(FlightRecorder, ARankThatStoppedIssuingIsNamedWithTheCollectiveItNeverIssue
 }
 
 TEST(FlightRecorder, TheFirstCollectiveWhereTheRanksDisagreeIsNamed) {
-  TempDir logs;
+  TempDir logs("flight-test");
   const RunResult r = run("mismatch", logs.path, 2);
   ASSERT_TRUE(r.exited) << r.out << r.err;
   const std::string dir = dump_dir(r);
@@ -86,7 +79,7 @@ TEST(FlightRecorder, TheFirstCollectiveWhereTheRanksDisagreeIsNamed) {
 }
 
 TEST(FlightRecorder, SigusrOneDumpsARunningWorker) {
-  TempDir logs;
+  TempDir logs("flight-test");
   TandemrunProcess p({"--standalone", "--nproc-per-node", "2", "--log-dir", logs.path, LAUNCHER_TEST_WORKER,
                       "--mode", "idle"});
   ASSERT_TRUE(p.wait_for_stdout_count("ready pid=", 2, 30s)) << p.out() << p.err();

@@ -83,6 +83,13 @@ std::string run_trial(const std::vector<std::string>& argv, const std::string& l
   return std::string("killed by signal ") + std::to_string(WTERMSIG(status));
 }
 
+// Median of a trial's rounds (not empty).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 // The command at 1..max_ranks ranks: median throughput over `repeats` rounds each, and the table.
 int scale_main(const std::vector<std::string>& command, int max_ranks, int64_t steps, int64_t log_every,
                int warmup, int repeats, double timeout_s, const std::string& dir) {
@@ -115,10 +122,7 @@ int scale_main(const std::vector<std::string>& command, int max_ranks, int64_t s
     }
   }
   for (size_t i = 0; i < points.size(); ++i) {
-    auto& v = rates[i];
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end());
-    points[i].samples_per_s = v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+    if (!rates[i].empty()) points[i].samples_per_s = median(rates[i]);
   }
   std::cout << "\n" << tandem::tune::format_scaling_table(points);
   const bool any = std::any_of(points.begin(), points.end(), [](const auto& p) { return p.samples_per_s.has_value(); });
@@ -219,11 +223,7 @@ int tune_main(int argc, char** argv) {
       }
     }
     for (size_t i = 0; i < trials.size(); ++i) {
-      if (results[i].status != "ok") continue;
-      auto& v = rates[i];
-      std::sort(v.begin(), v.end());
-      const size_t n = v.size();
-      results[i].samples_per_s = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+      if (results[i].status == "ok") results[i].samples_per_s = median(rates[i]);
     }
     std::cout << "\n" << tandem::tune::format_table(results);
     const auto top = tandem::tune::best(results);

@@ -24,7 +24,21 @@
 #include "tools/tandemrun/worker_env.h"
 
 namespace tandem::launcher {
+
 namespace {
+
+// Removes `dir` and the files in it (tandemrun's own flat directories); "" does nothing.
+void remove_flat_directory(const std::string& dir) {
+  if (dir.empty()) return;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* entry = ::readdir(d)) {
+      const std::string name = entry->d_name;
+      if (name != "." && name != "..") ::unlink((dir + "/" + name).c_str());
+    }
+    ::closedir(d);
+  }
+  ::rmdir(dir.c_str());
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -114,27 +128,9 @@ WorkerGroup::WorkerGroup(LauncherOptions options, std::vector<std::string> base_
 
 WorkerGroup::~WorkerGroup() {
   metrics_.reset();
-  if (!metrics_dir_.empty()) {
-    if (DIR* dir = ::opendir(metrics_dir_.c_str())) {
-      while (const dirent* entry = ::readdir(dir)) {
-        const std::string name = entry->d_name;
-        if (name != "." && name != "..") ::unlink((metrics_dir_ + "/" + name).c_str());
-      }
-      ::closedir(dir);
-    }
-    ::rmdir(metrics_dir_.c_str());
-  }
+  remove_flat_directory(metrics_dir_);
   standby_.discard();
-  if (!state_dir_.empty()) {
-    if (DIR* dir = ::opendir(state_dir_.c_str())) {
-      while (const dirent* entry = ::readdir(dir)) {
-        const std::string name = entry->d_name;
-        if (name != "." && name != "..") ::unlink((state_dir_ + "/" + name).c_str());
-      }
-      ::closedir(dir);
-    }
-    ::rmdir(state_dir_.c_str());
-  }
+  remove_flat_directory(state_dir_);
   if (!any_running() &&
       std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.reaped; })) {
     return;

@@ -34,7 +34,9 @@ class Context;  // tandem/runtime/context.h
 
 // Runs `fn(argc, argv)` and returns its exit code.
 //  - An exception escaping fn: "<Type>: <what>" goes to stderr and to TORCHELASTIC_ERROR_FILE (when
-//    set); returns 1.
+//    set); returns 1. When that exception is a CommError other than a TimeoutError (a peer left
+//    or died) and TORCHELASTIC_ERROR_FILE is set, the error file is written and run_main returns
+//    2 s later, so the launcher sees the peer that failed first as the root cause.
 //  - A fatal signal (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) while fn runs: an async-signal-safe
 //    handler writes an error file naming the signal, then the signal is re-raised with its default
 //    action (the process still dies of it, core dump included).
