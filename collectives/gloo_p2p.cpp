@@ -63,7 +63,9 @@ class GlooP2PWork : public Work {
           format_elapsed(issued_at_) + ": " + what +
           (timed_out ? ". The peer is hung or never posted the matching op: the same tag and the "
                        "same size (post the same size on both ranks)."
-                     : ". The peer probably died; see its log.") +
+                     : ". The peer died, or gave up on its side of this op (a timeout there: "
+                       "it was hung, or posted another tag or size; post the same size on both "
+                       "ranks); see its log.") +
           " The communicator is now unusable." + dump_flight_recorder(timed_out ? "timeout" : "failure");
       FlightRecorder::instance().ended(flight_id_, msg);
       state_->error = timed_out ? std::make_exception_ptr(TimeoutError(msg))

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <thread>
 
 namespace tandem {
 namespace {
@@ -150,10 +151,13 @@ TEST(CollectiveErrors, UnmatchedRecvTimesOut) {
 
 // Issue 20 item 9: a send and a receive of different sizes do not meet inside Gloo (which filled a
 // larger receive silently and aborted the process on a smaller one): each raises within its
-// timeout, naming its size and saying what to do.
+// timeout, naming its size and saying what to do. The rank whose timeout expires first closes its
+// connections; the other may then see that instead of its own timeout, and says so.
 TEST(CollectiveErrors, SendAndRecvOfDifferentSizesRaiseOnBothRanks) {
   for (const int64_t recv_numel : {8, 2}) {
     std::vector<std::string> messages(2);
+    std::atomic<int> raised{0};
+    std::atomic<int> timeouts{0};
     run_ranks(2, [&](Communicator& comm) {
       auto t = at::ones({comm.rank() == 0 ? int64_t{4} : recv_numel});
       try {
@@ -161,11 +165,19 @@ TEST(CollectiveErrors, SendAndRecvOfDifferentSizesRaiseOnBothRanks) {
         messages[comm.rank()] = "(no error)";
       } catch (const TimeoutError& e) {
         messages[comm.rank()] = e.what();
+        timeouts.fetch_add(1);
+      } catch (const CommError& e) {
+        messages[comm.rank()] = e.what();
       }
+      // Both ranks keep their communicators until both raised, so neither sees the other's
+      // communicator destroyed.
+      raised.fetch_add(1);
+      while (raised.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
     });
     const std::string recv_size = std::to_string(recv_numel * 4) + " B float32";
     EXPECT_NE(messages[0].find("send #0 (16 B float32, to 1, tag 7)"), std::string::npos) << messages[0];
     EXPECT_NE(messages[1].find("recv #0 (" + recv_size + ", from 0, tag 7)"), std::string::npos) << messages[1];
+    EXPECT_GE(timeouts.load(), 1);
     for (const auto& m : messages) {
       EXPECT_NE(m.find("post the same size on both ranks"), std::string::npos) << m;
     }
