@@ -123,11 +123,15 @@ std::string read_first_line(const char* path) {
   return line;
 }
 
+constexpr const char* kSegmentPrefix = "/tandem-shm-";
+// Older than any connect's window between creating a segment and its creator's presence lock.
+constexpr std::chrono::seconds kAbandonedAge{10};
+
 std::string unique_segment_name() {
   std::random_device rd;
   const uint64_t r = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   char buf[64];
-  std::snprintf(buf, sizeof buf, "/tandem-shm-%d-%016llx", static_cast<int>(::getpid()),
+  std::snprintf(buf, sizeof buf, "%s%d-%016llx", kSegmentPrefix, static_cast<int>(::getpid()),
                 static_cast<unsigned long long>(r));
   return buf;
 }
@@ -414,6 +418,8 @@ std::unique_ptr<ShmAllreduce> connect_shm_allreduce(const c10::intrusive_ptr<c10
     const size_t bytes = ShmAllreduce::segment_bytes(size, slot_bytes);
     std::string published;
     try {
+      // Names a creator killed inside an earlier connect left behind (nobody else knew them).
+      ShmSegment::remove_abandoned(kSegmentPrefix, kAbandonedAge);
       segment = ShmSegment::create(unique_segment_name(), bytes);
       char* base = static_cast<char*>(segment.data());
       auto* header = new (base) Header();
@@ -423,7 +429,6 @@ std::unique_ptr<ShmAllreduce> connect_shm_allreduce(const c10::intrusive_ptr<c10
       header->total_bytes = bytes;
       for (int q = 0; q < size; ++q) new (base + kRanksOffset + q * sizeof(RankBlock)) RankBlock();
       header->magic = kMagic;
-      segment.hold_presence(0);
       published = segment.name() + " " + std::to_string(slot_bytes);
     } catch (const std::exception& e) {
       published = std::string("!") + e.what();

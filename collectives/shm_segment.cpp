@@ -2,6 +2,7 @@
 
 #include <tandem/base/errors.h>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -9,7 +10,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
 #include <utility>
+#include <vector>
 
 namespace tandem {
 
@@ -73,6 +76,7 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
   s.fd_ = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (s.fd_ < 0) fail("creating", name, errno);
   s.owns_name_ = true;
+  s.hold_presence(0);  // at once: an object nobody holds is one remove_abandoned() may take
   if (::ftruncate(s.fd_, static_cast<off_t>(bytes)) != 0) fail("sizing", name, errno);
   // Reserve the pages: tmpfs otherwise allocates on first touch and a full /dev/shm would kill
   // the process with SIGBUS in the middle of an allreduce.
@@ -100,6 +104,33 @@ ShmSegment ShmSegment::open(const std::string& name, size_t bytes) {
   s.data_ = map(s.fd_, bytes, name);
   s.size_ = bytes;
   return s;
+}
+
+int ShmSegment::remove_abandoned(const std::string& prefix, std::chrono::seconds min_age) {
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  const std::string stem = prefix.substr(prefix.empty() || prefix[0] != '/' ? 0 : 1);
+  std::vector<std::string> names;
+  while (const dirent* entry = ::readdir(dir)) {
+    if (std::strncmp(entry->d_name, stem.c_str(), stem.size()) == 0)
+      names.push_back(std::string("/") + entry->d_name);
+  }
+  ::closedir(dir);
+  int removed = 0;
+  for (const std::string& name : names) {
+    const int fd = ::shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
+    if (fd < 0) continue;  // gone already, or another user's
+    struct stat st;
+    struct flock fl = presence_lock(F_WRLCK, 0);
+    // ctime is set when the object is created and sized: a young object may be one whose creator
+    // has not taken its lock yet.
+    const bool abandoned = ::fstat(fd, &st) == 0 && st.st_uid == ::geteuid() &&
+                           std::time(nullptr) - st.st_ctime >= min_age.count() &&
+                           ::fcntl(fd, F_OFD_GETLK, &fl) == 0 && fl.l_type == F_UNLCK;
+    ::close(fd);
+    if (abandoned && ::shm_unlink(name.c_str()) == 0) ++removed;
+  }
+  return removed;
 }
 
 void ShmSegment::unlink() {

@@ -11,6 +11,7 @@
 // different PID namespaces and between threads of one process (each opens its own descriptor).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <string>
 
@@ -26,10 +27,15 @@ class ShmSegment {
   ShmSegment& operator=(const ShmSegment&) = delete;
 
   // Creates a new object of `bytes` bytes (zero-filled, memory reserved up front so a full
-  // /dev/shm fails here, not with SIGBUS later) and maps it. `name` starts with '/'. Throws
-  // CommError naming the object and the errno text. The destructor unlinks a created object
-  // whose name was not unlinked yet.
+  // /dev/shm fails here, not with SIGBUS later) and maps it. `name` starts with '/'. The creator
+  // holds presence byte 0 from the start. Throws CommError naming the object and the errno text.
+  // The destructor unlinks a created object whose name was not unlinked yet.
   static ShmSegment create(const std::string& name, size_t bytes);
+  // Unlinks the objects whose names start with `prefix` (with its '/'), that are older than
+  // `min_age` and whose presence byte 0 nobody holds: their creator died before every party had
+  // mapped them (a SIGKILL inside connect), so no one else would ever remove the name. Objects of
+  // other users are left alone. Returns how many it removed; throws nothing.
+  static int remove_abandoned(const std::string& prefix, std::chrono::seconds min_age);
   // Opens and maps an existing object, which must be exactly `bytes` long.
   static ShmSegment open(const std::string& name, size_t bytes);
 

@@ -6,6 +6,8 @@
 #include "tests/support/test_support.h"
 #include "tests/unit/shm_test_util.h"
 
+#include "collectives/shm_segment.h"
+
 #include <tandem/base/errors.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
@@ -203,6 +205,13 @@ int worker_bench(Communicator& shm, Communicator& tcp) {
 TEST(ShmAllreduceWorker, RunsTheRoleFromTheEnvironment) {
   const char* role = std::getenv(kRoleVar);
   if (role == nullptr) GTEST_SKIP() << "helper for the multi-process tests below";
+  if (std::string(role) == "abandon") {  // a creator killed between creating and publishing
+    ShmSegment segment = ShmSegment::create(std::getenv("TANDEM_SHM_TEST_NAME"), 4096);
+    std::printf("CREATED\n");
+    std::fflush(stdout);
+    std::this_thread::sleep_for(60s);
+    std::_Exit(1);
+  }
   const int rank = std::atoi(std::getenv("TANDEM_SHM_TEST_RANK"));
   auto store = c10::make_intrusive<c10d::FileStore>(std::getenv("TANDEM_SHM_TEST_STORE"), 2);
   const auto timeout =
@@ -274,6 +283,35 @@ TEST(ShmAllreduceProcesses, CreatorKilledMidAllreduceRaisesCommError) {
 
 TEST(ShmAllreduceProcesses, PeerStoppedMidAllreduceRaisesTimeoutError) {
   run_process_case({1, SIGSTOP, "2000", "CAUGHT TimeoutError"});
+}
+
+bool shm_name_exists(const std::string& name) { return ::access(("/dev/shm" + name).c_str(), F_OK) == 0; }
+
+// Issue 20 item 9: a creator SIGKILLed inside connect, before it published the segment's name,
+// left the name in /dev/shm for good. The next connect removes such names: old enough and with
+// nobody holding the creator's presence byte; a live creator's segment stays.
+TEST(ShmAllreduceProcesses, SegmentOfACreatorKilledInsideConnectIsRemovedLater) {
+  const std::string dir = make_temp_dir();
+  const std::string prefix = "/tandem-shm-abandon-test-" + std::to_string(::getpid()) + "-";
+  const std::string dead = prefix + "dead";
+  const std::string alive = prefix + "alive";
+  ShmSegment mine = ShmSegment::create(alive, 4096);
+  ::setenv("TANDEM_SHM_TEST_NAME", dead.c_str(), 1);
+  auto creator = spawn_worker(dir, 0, "abandon", "1000");
+  ::unsetenv("TANDEM_SHM_TEST_NAME");
+  ASSERT_TRUE(creator->wait_for_output("CREATED", 40s)) << creator->output();
+  ASSERT_EQ(::kill(creator->pid, SIGKILL), 0);
+  ASSERT_TRUE(creator->reap(10s));
+  ASSERT_TRUE(shm_name_exists(dead)) << "the leak this test is about";
+  // Too young to tell from a creator that has not taken its lock yet: kept.
+  EXPECT_EQ(ShmSegment::remove_abandoned(prefix, 3600s), 0);
+  EXPECT_TRUE(shm_name_exists(dead));
+  EXPECT_EQ(ShmSegment::remove_abandoned(prefix, 0s), 1);
+  EXPECT_FALSE(shm_name_exists(dead));
+  EXPECT_TRUE(shm_name_exists(alive)) << "a live creator's segment was removed";
+  mine.unlink();
+  std::remove((dir + "/rank0.out").c_str());
+  ::rmdir(dir.c_str());
 }
 
 // Not a check: prints allreduce timings of two processes, shared memory versus TCP loopback
