@@ -75,6 +75,18 @@ FlightRecorder::FlightRecorder() {
     if (n > 0) capacity = static_cast<size_t>(n);
   }
   ring_.resize(capacity);
+  reserve_strings();
+}
+
+// Every entry's text gets its room once, here, before training allocates anything: record() then
+// copies into it without calling malloc. Strings allocated op by op lived for a whole ring's
+// turn among each step's short-lived buffers and kept glibc's heap from shrinking (the main job's
+// peak RSS grew 3-5% over 300 steps).
+void FlightRecorder::reserve_strings() {
+  constexpr size_t kTextBytes = 64;
+  for (Entry& e : ring_) {
+    for (std::string* text : {&e.group, &e.backend, &e.op, &e.detail}) text->reserve(kTextBytes);
+  }
 }
 
 FlightRecorder::~FlightRecorder() {
@@ -93,6 +105,7 @@ FlightRecorder::~FlightRecorder() {
 void FlightRecorder::reset(size_t capacity, bool enabled) {
   std::lock_guard<std::mutex> lock(mutex_);
   ring_.assign(capacity, Entry{});
+  reserve_strings();
   next_id_ = 0;
   enabled_ = enabled;
 }
@@ -105,15 +118,18 @@ uint64_t FlightRecorder::record(const std::string& group, const std::string& bac
   std::lock_guard<std::mutex> lock(mutex_);
   const uint64_t id = next_id_++;
   Entry& e = ring_[id % ring_.size()];
-  e = Entry{};
   e.id = id;
-  e.group = group;
-  e.backend = backend;
-  e.op = op;
+  e.group.assign(group);  // into the reserved room (reserve_strings)
+  e.backend.assign(backend);
+  e.op.assign(op);
   e.seq = seq;
   e.p2p = p2p;
-  e.detail = detail;
+  e.detail.assign(detail);
   e.enqueued_s = t;
+  e.started_s = 0;
+  e.ended_s = 0;
+  e.state = State::kEnqueued;
+  e.error.clear();
   return id;
 }
 

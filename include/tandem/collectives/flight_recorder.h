@@ -73,6 +73,7 @@ class FlightRecorder {
   FlightRecorder();
   ~FlightRecorder();
   Entry* find(uint64_t id);  // under mutex_
+  void reserve_strings();  // under mutex_ or in the constructor
 
   mutable std::mutex mutex_;
   std::vector<Entry> ring_;
