@@ -2,26 +2,8 @@
 #include <tandem/collectives/device_routing_communicator.h>
 
 #include <tandem/base/errors.h>
-#include <tandem/collectives/nccl_communicator.h>
-
-#if defined(TANDEM_HAVE_NCCL)
-#include <cuda_runtime_api.h>
-#endif
 
 namespace tandem {
-
-int cuda_device_count() {
-#if defined(TANDEM_HAVE_NCCL)
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or no device: clear the sticky error, report none
-    return 0;
-  }
-  return n;
-#else
-  return 0;
-#endif
-}
 
 DeviceRoutingCommunicator::DeviceRoutingCommunicator(std::shared_ptr<Communicator> cpu,
                                                      std::shared_ptr<Communicator> cuda)

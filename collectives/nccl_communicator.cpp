@@ -361,8 +361,22 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
   done_ = true;
 }
 
-std::shared_ptr<Communicator> connect_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                           int size, const NcclOptions& options) {
+}  // namespace tandem
+
+// libtandem_cuda's entry points, found by libtandem.so with dlsym (collectives/cuda_library.cpp).
+extern "C" int tandem_cuda_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // no driver or no device: clear the sticky error, report none
+    return 0;
+  }
+  return n;
+}
+
+extern "C" void tandem_cuda_connect_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                         int size, const tandem::NcclOptions& options,
+                                         std::shared_ptr<tandem::Communicator>& out) {
+  using namespace tandem;
   if (size < 1 || rank < 0 || rank >= size) {
     throw ConfigError("tandem: connect_nccl: rank " + std::to_string(rank) +
                       " is not in [0, world size " + std::to_string(size) + ").");
@@ -397,7 +411,5 @@ std::shared_ptr<Communicator> connect_nccl(const c10::intrusive_ptr<c10d::Store>
   check_nccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
   std::vector<int> world(size);
   for (int i = 0; i < size; ++i) world[i] = i;
-  return std::make_shared<NcclCommunicator>(comm, rank, std::move(world), options);
+  out = std::make_shared<NcclCommunicator>(comm, rank, std::move(world), options);
 }
-
-}  // namespace tandem

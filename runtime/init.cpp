@@ -175,15 +175,10 @@ Distributed init(const InitOptions& options) {
   }
   const int devices = options.backend == "gloo" ? 0 : cuda_device_count();
   if (options.backend == "nccl" && devices == 0) {
-    throw ConfigError(std::string("tandem: comm.backend = nccl, but ") +
-#if defined(TANDEM_HAVE_NCCL)
-                      "this machine has no usable CUDA device" +
-#else
-                      "this build of tandem has no NCCL (configure it with the CUDA toolkit and NCCL)" +
-#endif
-                      "; use --set comm.backend=gloo (or auto).");
+    throw ConfigError("tandem: comm.backend = nccl, but this process has no usable CUDA device "
+                      "(or this build of tandem has no CUDA part, or libtandem_cuda's CUDA runtime "
+                      "and NCCL are missing); use --set comm.backend=gloo (or auto).");
   }
-#if defined(TANDEM_HAVE_NCCL)
   if (devices > 0) {
     NcclOptions nccl;
     nccl.timeout = options.timeout;
@@ -192,7 +187,6 @@ Distributed init(const InitOptions& options) {
     d.world = std::make_shared<DeviceRoutingCommunicator>(
         d.world, connect_nccl(d.store, options.env.rank, options.env.world_size, nccl));
   }
-#endif
   return d;
 }
 

@@ -1,5 +1,6 @@
-// NCCL backend of Communicator: CUDA tensors, built when CMake finds the CUDA toolkit and NCCL
-// (TANDEM_HAVE_NCCL is then defined for users of tandem::tandem too).
+// NCCL backend of Communicator: CUDA tensors. Built when CMake finds the CUDA toolkit and NCCL,
+// into its own library, libtandem_cuda.so (target tandem::cuda, which defines TANDEM_HAVE_NCCL);
+// libtandem.so needs no CUDA library: these two functions load libtandem_cuda on first use.
 //
 // connect_nccl() exchanges NCCL's unique id through the c10d store (rank 0 creates it) and
 // initialises one NCCL communicator on `options.device`. Ops run on a private stream that first
@@ -14,7 +15,8 @@
 // Ownership: shares the store; owns the NCCL communicator and its private stream (destroyed with
 // it); a Work owns its completion event.
 // Thread-safety: as in communicator.h.
-// Errors: connect_nccl() throws ConfigError for a bad rank or CUDA device, TimeoutError when
+// Errors: connect_nccl() throws ConfigError when libtandem_cuda cannot be loaded (a build without
+// CUDA, or no CUDA runtime or NCCL on this machine), for a bad rank or CUDA device, TimeoutError when
 // rank 0's unique id never arrives, CommError when CUDA or NCCL fail; ops throw CommError for
 // tensors off the device, unsupported dtypes or a non-zero tag, and fail as communicator.h says
 // (TimeoutError past the timeout, after aborting the NCCL communicator).
@@ -41,12 +43,11 @@ struct NcclOptions {
   std::string store_prefix = "tandem";
 };
 
-// CUDA devices this process can use (0 without NCCL support, a CUDA driver or a device).
+// CUDA devices this process can use (0 without libtandem_cuda, the CUDA runtime, a driver or a
+// device).
 int cuda_device_count();
 
-#if defined(TANDEM_HAVE_NCCL)
 std::shared_ptr<Communicator> connect_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                            int size, const NcclOptions& options = {});
-#endif
 
 }  // namespace tandem
