@@ -83,6 +83,20 @@ std::string run_trial(const std::vector<std::string>& argv, const std::string& l
   return std::string("killed by signal ") + std::to_string(WTERMSIG(status));
 }
 
+// Runs one trial (its files are `name`.jsonl and `name`.log) and reads its throughput past
+// its first `warmup` progress records; `status` becomes "ok" or why there is no figure.
+std::optional<double> measure_trial(const std::vector<std::string>& args, const std::string& name,
+                                    double timeout_s, int warmup, std::string& status) {
+  status = run_trial(args, name + ".log", timeout_s);
+  if (status != "ok") {
+    status += " (see " + name + ".log)";
+    return std::nullopt;
+  }
+  const std::optional<double> rate = tandem::tune::throughput(name + ".jsonl", warmup);
+  if (!rate) status = "no progress records in " + name + ".jsonl";
+  return rate;
+}
+
 // Median of a trial's rounds (not empty).
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -108,14 +122,7 @@ int scale_main(const std::vector<std::string>& command, int max_ranks, int64_t s
       const auto args = tandem::tune::trial_command(tandem::tune::scale_command(command, p.ranks), none, steps,
                                                     log_every, name + ".jsonl");
       std::cout << p.ranks << " rank(s)" << (repeats > 1 ? " round " + std::to_string(round) : "") << ":" << std::flush;
-      p.status = run_trial(args, name + ".log", timeout_s);
-      std::optional<double> rate;
-      if (p.status == "ok") {
-        rate = tandem::tune::throughput(name + ".jsonl", warmup);
-        if (!rate) p.status = "no progress records in " + name + ".jsonl";
-      } else {
-        p.status += " (see " + name + ".log)";
-      }
+      const std::optional<double> rate = measure_trial(args, name, timeout_s, warmup, p.status);
       if (rate) rates[i].push_back(*rate);
       std::cout << (rate ? "  " + std::to_string(static_cast<int64_t>(*rate)) + " samples/s" : "  failed: " + p.status)
                 << "\n";
@@ -206,14 +213,7 @@ int tune_main(int argc, char** argv) {
         std::cout << ":";
         for (const auto& [key, value] : trials[i]) std::cout << " " << key << "=" << value;
         std::cout << std::flush;
-        r.status = run_trial(args, name + ".log", timeout_s);
-        std::optional<double> rate;
-        if (r.status == "ok") {
-          rate = tandem::tune::throughput(name + ".jsonl", warmup);
-          if (!rate) r.status = "no progress records in " + name + ".jsonl";
-        } else {
-          r.status += " (see " + name + ".log)";
-        }
+        const std::optional<double> rate = measure_trial(args, name, timeout_s, warmup, r.status);
         if (rate) {
           rates[i].push_back(*rate);
           std::cout << "  " << static_cast<int64_t>(*rate) << " samples/s\n";
