@@ -1,6 +1,5 @@
 #include "tools/tandemrun/worker_group.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <poll.h>
@@ -17,6 +16,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 
 #include <tandem/base/errors.h>
 
@@ -24,20 +24,12 @@
 #include "tools/tandemrun/worker_env.h"
 
 namespace tandem::launcher {
-
 namespace {
 
-// Removes `dir` and the files in it (tandemrun's own flat directories); "" does nothing.
-void remove_flat_directory(const std::string& dir) {
-  if (dir.empty()) return;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* entry = ::readdir(d)) {
-      const std::string name = entry->d_name;
-      if (name != "." && name != "..") ::unlink((dir + "/" + name).c_str());
-    }
-    ::closedir(d);
-  }
-  ::rmdir(dir.c_str());
+// Removes one of tandemrun's own directories and what is in it; "" does nothing.
+void remove_directory(const std::string& dir) {
+  std::error_code ignored;
+  if (!dir.empty()) std::filesystem::remove_all(dir, ignored);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -128,9 +120,9 @@ WorkerGroup::WorkerGroup(LauncherOptions options, std::vector<std::string> base_
 
 WorkerGroup::~WorkerGroup() {
   metrics_.reset();
-  remove_flat_directory(metrics_dir_);
+  remove_directory(metrics_dir_);
   standby_.discard();
-  remove_flat_directory(state_dir_);
+  remove_directory(state_dir_);
   if (!any_running() &&
       std::all_of(workers_.begin(), workers_.end(), [](const Worker& w) { return w.reaped; })) {
     return;
