@@ -3,7 +3,7 @@
 #include "collectives/gloo_communicator.h"
 
 #include "collectives/reduce_kernels.h"
-#include "collectives/shm_allreduce.h"
+#include "collectives/shm_collectives.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>
@@ -124,11 +124,18 @@ WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& 
   check_scaled_numel(output, "output", input, "input", size(), "allgather");
   auto d = describe("allgather", tensor_summary(input) + " per rank");
   const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, output, input, tag] {
+  const uint64_t seq = d.seq;
+  return enqueue(std::move(d), [this, output, input, tag, seq] {
     if (input.numel() == 0) return;
     at::Tensor in = contiguous_view(input);
     at::Tensor out = contiguous_view(output);
-    if (size() == 1) {
+    if (shm_) {
+      // Chunks are written while later parts of the input are still read: an input inside the
+      // output anywhere but at this rank's chunk needs its own copy.
+      const char* mine = static_cast<const char*>(out.data_ptr()) + rank_ * in.nbytes();
+      if (in.is_alias_of(out) && in.data_ptr() != mine) in = in.clone();
+      shm_->allgather(out, in, seq);
+    } else if (size() == 1) {
       out.view(in.sizes()).copy_(in);
     } else {
       gloo::AllgatherOptions opts(context_);
@@ -153,7 +160,18 @@ WorkPtr GlooCommunicator::reduce_scatter(const at::Tensor& output, const at::Ten
   check_reduce_op(input, op, "reduce_scatter");
   auto d = describe("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(input));
   const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, output, input, op, tag] {
+  const uint64_t seq = d.seq;
+  return enqueue(std::move(d), [this, output, input, op, tag, seq] {
+    if (shm_ && shm_->reduce_scatter_fits(input.element_size())) {
+      at::Tensor in = contiguous_view(input);
+      // Our chunk is written while the input is still read: an output inside it needs its own.
+      at::Tensor out = output.is_contiguous() && !output.is_alias_of(input)
+                           ? output
+                           : output.new_empty(output.sizes());
+      shm_->reduce_scatter(out, in, op, seq);  // divides for avg itself
+      copy_back(output, out);
+      return;
+    }
     if (output.numel() == 0) return;
     // The ring reduces in place, so it works on a private copy of the input.
     at::Tensor buf = input.reshape({-1}).clone();

@@ -4,7 +4,7 @@
 #include "collectives/gloo_communicator.h"
 
 #include "collectives/gloo_store_adapter.h"
-#include "collectives/shm_allreduce.h"
+#include "collectives/shm_collectives.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/collectives/flight_recorder.h>
@@ -95,7 +95,9 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
   }
   context_ = std::move(context);
   // Collective like the rendezvous above: every rank reaches the same answer.
-  shm_ = connect_shm_allreduce(store_, prefix_, rank_, world_ranks_, options_);
+  if (auto channel = connect_shm_channel(store_, prefix_, rank_, world_ranks_, options_)) {
+    shm_ = std::make_unique<ShmCollectives>(std::move(channel));
+  }
 }
 
 GlooCommunicator::~GlooCommunicator() {

@@ -21,7 +21,7 @@
 
 namespace tandem {
 
-class ShmAllreduce;
+class ShmCollectives;
 
 namespace detail {
 
@@ -72,7 +72,7 @@ class GlooCommunicator final : public Communicator,
   void abort(const std::string& reason) override;
 
   // Sum of float32 `tensor` with the values travelling as `wire` (kHalf, kBFloat16), each rank
-  // sending (tensor / divisor) rounded: ShmAllreduce::allreduce_narrowed. Null where the op would
+  // sending (tensor / divisor) rounded: ShmCollectives::allreduce_narrowed. Null where the op would
   // not go through shared memory, or `tensor` is not contiguous float32: the caller casts itself
   // (the same op on the wire, so ranks may differ in which they take).
   WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor);
@@ -103,8 +103,9 @@ class GlooCommunicator final : public Communicator,
   const std::vector<int> world_ranks_;
   const GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
-  // Allreduce through shared memory when every rank is on this host (null: Gloo).
-  std::unique_ptr<ShmAllreduce> shm_;
+  // Allreduce, reduce-scatter and all-gather through shared memory when every rank is on this
+  // host (null: Gloo).
+  std::unique_ptr<ShmCollectives> shm_;
 
   std::mutex mutex_;  // guards the members up to ops_
   std::string broken_reason_;

@@ -15,8 +15,8 @@
 // --param-dtype bf16 trains bf16 parameters with fp32 masters (precision.param_dtype) and
 // --autocast bf16 runs the forward under bf16 autocast (scripts/bench-precision uses both).
 //   comm      no training: times, per step's worth of buckets (the stage-1 units), the all-reduce
-//             DDP issues (shared memory) and the reduce-scatter + all-gather the stages issue
-//             (Gloo over TCP loopback), to tell communication from everything else
+//             DDP issues and the reduce-scatter + all-gather the stages issue (all through
+//             shared memory on one host), to tell communication from everything else
 // Memory: tandem's host allocator is libtorch's CPU allocator here; its peak allocated bytes are
 // reset before each phase of a step (zero_grad + forward, backward, optimizer step) and read after
 // it; peak_bytes is the largest over the timed steps. The training state held between steps
@@ -98,7 +98,7 @@ const char* const kFieldNames[kNumFields] = {
 // clang-format on
 
 // comm mode: per step's worth of `flat_numels` buckets, the medians over `reps` of the time one
-// rank spends in all-reduce (world: shared memory), reduce-scatter and all-gather (`group`); then
+// rank spends in all-reduce (`world`), reduce-scatter and all-gather (`group`); then
 // the memory each collective allocates for itself on the largest bucket (allocator peak during
 // it minus the bytes allocated before).
 void time_collectives(tandem::Communicator& world, tandem::Communicator& group,

@@ -26,6 +26,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -160,41 +161,59 @@ double process_cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
-// Worker "bench": float32 sum allreduce over TCP (shared_memory = false) and shared memory,
-// alternating, five rounds; rank 0 prints the median and best wall time per op (the slower rank's)
-// and the median CPU time per op and rank (all threads of the process).
+// Worker "bench": float32 sum allreduce, reduce-scatter and all-gather over TCP
+// (shared_memory = false) and shared memory, alternating, five rounds; rank 0 prints the median
+// and best wall time per op (the slower rank's) and the median CPU time per op and rank (all
+// threads of the process). A size is the whole tensor: the allreduce's, the reduce-scatter's
+// input, the all-gather's output.
 int worker_bench(Communicator& shm, Communicator& tcp) {
   struct Size {
     int64_t bytes;
     int iterations;
   };
   const Size sizes[] = {{4 << 10, 2000}, {1 << 20, 200}, {16 << 20, 30}, {64 << 20, 10}};
+  const double p = shm.size();
   for (const Size& size : sizes) {
-    auto t = at::ones({size.bytes / 4});
-    for (Communicator* comm : {&tcp, &shm}) {
-      std::vector<double> wall, cpu;
-      for (int round = 0; round < 5; ++round) {
-        comm->allreduce(t)->wait();  // warm-up
-        comm->barrier()->wait();
-        const double cpu0 = process_cpu_seconds();
-        const auto start = Clock::now();
-        for (int i = 0; i < size.iterations; ++i) comm->allreduce(t)->wait();
-        auto stats = at::tensor({seconds_since(start), process_cpu_seconds() - cpu0}, at::kDouble);
-        comm->allreduce(stats, ReduceOp::kMax)->wait();
-        wall.push_back(stats[0].item<double>() / size.iterations);
-        cpu.push_back(stats[1].item<double>() / size.iterations);
-      }
-      std::sort(wall.begin(), wall.end());
-      std::sort(cpu.begin(), cpu.end());
-      if (comm->rank() == 0) {
-        // Bus bandwidth of an allreduce: bytes * 2 (p - 1) / p / time (= bytes / time for p = 2).
-        const double p = comm->size();
-        std::printf("BENCH %-4s %9.0f KiB: median %8.3f ms (best %8.3f)  bus bandwidth %6.2f GB/s "
-                    "(best %6.2f)  CPU %8.3f ms/op/rank\n",
-                    comm == &shm ? "shm" : "tcp", size.bytes / 1024.0, wall[2] * 1e3, wall[0] * 1e3,
-                    size.bytes * 2 * (p - 1) / p / wall[2] / 1e9,
-                    size.bytes * 2 * (p - 1) / p / wall[0] / 1e9, cpu[2] * 1e3);
-        std::fflush(stdout);
+    const int64_t n = size.bytes / 4;
+    auto whole = at::ones({n});
+    auto part = at::ones({n / shm.size()});
+    // Bus bandwidth: bytes * 2 (p - 1) / p / time for an allreduce, bytes * (p - 1) / p for the
+    // other two (each moves half an allreduce's traffic).
+    struct Op {
+      const char* name;
+      double traffic;
+      std::function<WorkPtr(Communicator&)> run;
+    };
+    const Op ops[] = {
+        {"allreduce", 2 * (p - 1) / p, [&](Communicator& c) { return c.allreduce(whole); }},
+        {"reduce_scatter", (p - 1) / p,
+         [&](Communicator& c) { return c.reduce_scatter(part, whole); }},
+        {"allgather", (p - 1) / p, [&](Communicator& c) { return c.allgather(whole, part); }},
+    };
+    for (const Op& op : ops) {
+      for (Communicator* comm : {&tcp, &shm}) {
+        std::vector<double> wall, cpu;
+        for (int round = 0; round < 5; ++round) {
+          op.run(*comm)->wait();  // warm-up
+          comm->barrier()->wait();
+          const double cpu0 = process_cpu_seconds();
+          const auto start = Clock::now();
+          for (int i = 0; i < size.iterations; ++i) op.run(*comm)->wait();
+          auto stats = at::tensor({seconds_since(start), process_cpu_seconds() - cpu0}, at::kDouble);
+          comm->allreduce(stats, ReduceOp::kMax)->wait();
+          wall.push_back(stats[0].item<double>() / size.iterations);
+          cpu.push_back(stats[1].item<double>() / size.iterations);
+        }
+        std::sort(wall.begin(), wall.end());
+        std::sort(cpu.begin(), cpu.end());
+        if (comm->rank() == 0) {
+          std::printf("BENCH %-14s %-4s %9.0f KiB: median %8.3f ms (best %8.3f)  bus bandwidth "
+                      "%6.2f GB/s (best %6.2f)  CPU %8.3f ms/op/rank\n",
+                      op.name, comm == &shm ? "shm" : "tcp", size.bytes / 1024.0, wall[2] * 1e3,
+                      wall[0] * 1e3, size.bytes * op.traffic / wall[2] / 1e9,
+                      size.bytes * op.traffic / wall[0] / 1e9, cpu[2] * 1e3);
+          std::fflush(stdout);
+        }
       }
     }
   }
@@ -314,10 +333,10 @@ TEST(ShmAllreduceProcesses, SegmentOfACreatorKilledInsideConnectIsRemovedLater) 
   ::rmdir(dir.c_str());
 }
 
-// Not a check: prints allreduce timings of two processes, shared memory versus TCP loopback
-// (docs/collectives.md quotes it):
-//   TANDEM_SHM_BENCH=1 build/bin/tandem_unit_tests --gtest_filter='ShmAllreduceBench.*'
-TEST(ShmAllreduceBench, TwoProcessesSharedMemoryVersusTcp) {
+// Not a check: prints allreduce, reduce-scatter and all-gather timings of two processes, shared
+// memory versus TCP loopback (docs/collectives.md quotes it):
+//   TANDEM_SHM_BENCH=1 build/bin/tandem_unit_tests --gtest_filter='ShmCollectivesBench.*'
+TEST(ShmCollectivesBench, TwoProcessesSharedMemoryVersusTcp) {
   if (std::getenv("TANDEM_SHM_BENCH") == nullptr) GTEST_SKIP() << "set TANDEM_SHM_BENCH=1 to run";
   const std::string dir = make_temp_dir();
   auto r0 = spawn_worker(dir, 0, "bench", "60000");

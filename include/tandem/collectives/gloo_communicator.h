@@ -12,10 +12,11 @@
 // copied to a contiguous buffer and the result copied back (see communicator.h).
 //
 // Shared memory: when every rank of a communicator (sub-groups included) runs on the same host
-// and `GlooOptions::shared_memory` is true on all of them, allreduce goes through one POSIX
-// shared-memory segment instead of TCP (several times faster and far cheaper in CPU); the other
-// ops keep using Gloo. The ranks agree on it at connect time through the store; when any rank
-// is elsewhere, disables it, or cannot map the segment, every rank keeps Gloo for allreduce too.
+// and `GlooOptions::shared_memory` is true on all of them, allreduce, reduce-scatter and
+// all-gather go through one POSIX shared-memory segment instead of TCP (several times faster and
+// far cheaper in CPU); broadcast, barrier and send/recv keep using Gloo. The ranks agree on it at
+// connect time through the store; when any rank is elsewhere, disables it, or cannot map the
+// segment, every rank keeps Gloo for everything.
 // The segment's name is unlinked as soon as all ranks mapped it, so nothing is left in /dev/shm
 // even after a SIGKILL (except one that lands inside connect itself). Errors, timeouts and
 // abort() behave as on TCP.
@@ -57,11 +58,11 @@ struct GlooOptions {
   std::string store_prefix = "tandem";
   // Allreduce below this many bytes uses bcube on power-of-two groups; ring above.
   size_t ring_threshold_bytes = 256 * 1024;
-  // Allreduce through shared memory when all ranks of the communicator share this host (see the
-  // top of this file). Every rank should pass the same value; if any rank passes false, no rank
+  // Allreduce, reduce-scatter and all-gather through shared memory when all ranks of the
+  // communicator share this host (see the top of this file). Every rank should pass the same value; if any rank passes false, no rank
   // uses shared memory. Off: TCP loopback for everything, as before.
   bool shared_memory = true;
-  // Bytes each rank stages per pipeline step of a shared-memory allreduce (rounded up to 4 KiB);
+  // Bytes each rank stages per pipeline step of a shared-memory collective (rounded up to 4 KiB);
   // larger tensors go in steps of this size. The segment holds 2 x (ranks + 1) of them, reserved
   // in /dev/shm for the communicator's lifetime (6 MiB for 2 ranks at the default). Rank 0's
   // value is used.

@@ -1,16 +1,12 @@
-#include "collectives/shm_allreduce.h"
+#include "collectives/shm_channel.h"
 
 #include "collectives/async_work.h"
-#include "collectives/cast_kernels.h"
 #include "collectives/gloo_store_adapter.h"
-#include "collectives/reduce_kernels.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-
-#include <ATen/ops/from_blob.h>
 
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -23,7 +19,6 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <functional>
 #include <new>
 #include <random>
 
@@ -32,7 +27,7 @@ namespace tandem {
 namespace detail {
 
 constexpr uint64_t kMagic = 0x6d68732d6d646e74ULL;  // "tndm-shm"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: op kinds beyond allreduce
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory sync needs lock-free u32");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory sync needs lock-free u64");
@@ -61,16 +56,24 @@ void stop(Header* header, AbortCause cause, int rank) {
   header->epoch.fetch_add(1);
 }
 
-// Written only by its rank. The op identity fields are plain: written before `progress` is
-// released for the op's first step and read by peers after acquiring it; the owner rewrites them
-// only after every peer passed that step (see the buffer-reuse argument in the header).
+// An op's identity as written in shared memory.
+struct OpRecord {
+  int32_t kind;
+  int32_t dtype;
+  int32_t reduce;
+  uint64_t seq;
+  uint64_t bytes;
+};
+
+// Written only by its rank. An op's identity goes into op[first step % 2], plain: written before
+// `progress` is released for that step and read by peers after acquiring it. The owner rewrites
+// that record for an op starting two or more steps later, after every peer arrived at the step
+// before it, i.e. after every peer left the step it checked the record in (the buffer argument
+// in the header), so ops that end without a final wait are safe too.
 struct alignas(128) RankBlock {
-  std::atomic<uint64_t> progress;  // 2s-1: contributed step s; 2s: reduced its chunk of step s
+  std::atomic<uint64_t> progress;  // 2s-1: arrived at step s; 2s: done with step s
   std::atomic<uint32_t> closed;    // 1 once its communicator is destroyed
-  int32_t op_dtype;
-  int32_t op_reduce;
-  uint64_t op_seq;
-  uint64_t op_bytes;
+  OpRecord op[2];
 };
 
 constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
@@ -111,9 +114,20 @@ void futex_wake_all(std::atomic<uint32_t>* word) {
   ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
-std::string op_summary(uint64_t seq, uint64_t bytes, int dtype, int op) {
-  return "collective #" + std::to_string(seq) + " (" + to_string(static_cast<ReduceOp>(op)) +
-         ", " + format_bytes(bytes) + " " + dtype_name(static_cast<at::ScalarType>(dtype)) + ")";
+const char* kind_name(int32_t kind) {
+  switch (kind) {
+    case ShmOpIdentity::kAllreduce: return "allreduce";
+    case ShmOpIdentity::kReduceScatter: return "reduce_scatter";
+    case ShmOpIdentity::kAllgather: return "allgather";
+    default: return "collective";
+  }
+}
+
+std::string op_summary(const OpRecord& op) {
+  const std::string reduce =
+      op.reduce < 0 ? "" : std::string(to_string(static_cast<ReduceOp>(op.reduce))) + ", ";
+  return std::string(kind_name(op.kind)) + " #" + std::to_string(op.seq) + " (" + reduce +
+         format_bytes(op.bytes) + " " + dtype_name(static_cast<at::ScalarType>(op.dtype)) + ")";
 }
 
 std::string read_first_line(const char* path) {
@@ -140,8 +154,8 @@ std::string unique_segment_name() {
 // falling back would hide a /dev/shm that is too small or not shared between containers.
 void warn_fallback(const std::string& prefix, const std::string& why) {
   std::fprintf(stderr,
-               "tandem: shared-memory allreduce unavailable for '%s' (%s); allreduce uses TCP "
-               "loopback. GlooOptions::shared_memory = false silences this.\n",
+               "tandem: shared-memory collectives unavailable for '%s' (%s); they use TCP loopback."
+               " GlooOptions::shared_memory = false silences this.\n",
                prefix.c_str(), why.c_str());
 }
 
@@ -153,12 +167,12 @@ std::string shm_host_identity() {
   return std::string(host) + "/" + read_first_line("/proc/sys/kernel/random/boot_id");
 }
 
-size_t ShmAllreduce::segment_bytes(int size, size_t slot_bytes) {
+size_t ShmChannel::segment_bytes(int size, size_t slot_bytes) {
   return data_offset(size) + 2 * static_cast<size_t>(size + 1) * slot_bytes;
 }
 
-ShmAllreduce::ShmAllreduce(ShmSegment segment, int rank, int size, size_t slot_bytes,
-                           std::vector<int> world_ranks, std::chrono::milliseconds timeout)
+ShmChannel::ShmChannel(ShmSegment segment, int rank, int size, size_t slot_bytes,
+                       std::vector<int> world_ranks, std::chrono::milliseconds timeout)
     : segment_(std::move(segment)),
       rank_(rank),
       size_(size),
@@ -171,41 +185,41 @@ ShmAllreduce::ShmAllreduce(ShmSegment segment, int rank, int size, size_t slot_b
   data_ = base + data_offset(size_);
 }
 
-ShmAllreduce::~ShmAllreduce() {
+ShmChannel::~ShmChannel() {
   ranks_[rank_].closed.store(1, std::memory_order_release);
   header_->epoch.fetch_add(1);
   futex_wake_all(&header_->epoch);
   // segment_ unmaps and closes its descriptor, releasing this rank's presence lock.
 }
 
-char* ShmAllreduce::slot(int buffer, int r) const {
+char* ShmChannel::slot(int buffer, int r) const {
   return data_ + (static_cast<size_t>(buffer) * (size_ + 1) + r) * slot_bytes_;
 }
 
-std::string ShmAllreduce::rank_name(int r) const {
+std::string ShmChannel::rank_name(int r) const {
   return "rank " + std::to_string(r) + " (world rank " + std::to_string(world_ranks_[r]) + ")";
 }
 
-void ShmAllreduce::publish(uint64_t progress) {
+void ShmChannel::publish(uint64_t progress) {
   ranks_[rank_].progress.store(progress, std::memory_order_release);
   header_->epoch.fetch_add(1);  // seq_cst: ordered before the sleeper count read below
   if (header_->sleepers.load() != 0) futex_wake_all(&header_->epoch);
 }
 
-void ShmAllreduce::abort() {
+void ShmChannel::abort() {
   stop(header_, kAborted, rank_);
   futex_wake_all(&header_->epoch);
 }
 
-int ShmAllreduce::first_behind(uint64_t target) const {
+int ShmChannel::first_behind(uint64_t target) const {
   for (int q = 0; q < size_; ++q) {
     if (ranks_[q].progress.load(std::memory_order_acquire) < target) return q;
   }
   return -1;
 }
 
-void ShmAllreduce::wait_progress(uint64_t target, const char* what, uint64_t segment,
-                                 uint64_t segments) {
+void ShmChannel::wait_progress(uint64_t target, const char* what, uint64_t segment,
+                               uint64_t segments) {
   int lagging = first_behind(target);
   if (lagging < 0) return;
   auto where = [&] {
@@ -223,8 +237,8 @@ void ShmAllreduce::wait_progress(uint64_t target, const char* what, uint64_t seg
     const uint32_t epoch = header_->epoch.load();
     if ((lagging = first_behind(target)) < 0) return;
     if (const uint32_t word = header_->abort_word.load(std::memory_order_acquire); word != 0) {
-      throw CommError("shared-memory allreduce stopped while waiting for " + rank_name(lagging) +
-                      " to " + where() + ": " + abort_reason(word));
+      throw CommError(std::string("shared-memory ") + op_name_ + " stopped while waiting for " +
+                      rank_name(lagging) + " to " + where() + ": " + abort_reason(word));
     }
     const auto now = Clock::now();
     if (now >= next_presence_check) {
@@ -234,7 +248,7 @@ void ShmAllreduce::wait_progress(uint64_t target, const char* what, uint64_t seg
         if (!closed && segment_.presence_held_by_other(static_cast<size_t>(q))) continue;
         // Gone. Fine if it did its part of this wait before leaving (its writes are visible).
         if (ranks_[q].progress.load(std::memory_order_acquire) >= target) continue;
-        throw CommError("shared-memory allreduce: " + rank_name(q) +
+        throw CommError(std::string("shared-memory ") + op_name_ + ": " + rank_name(q) +
                         (closed ? " destroyed its communicator"
                                 : " is gone (its process exited or was killed)") +
                         " while this rank waited for it to " + where());
@@ -246,7 +260,7 @@ void ShmAllreduce::wait_progress(uint64_t target, const char* what, uint64_t seg
       char secs[32];
       std::snprintf(secs, sizeof secs, "%.2f s",
                     std::chrono::duration<double>(elapsed).count());
-      throw TimeoutError("shared-memory allreduce timed out after " + std::string(secs) +
+      throw TimeoutError(std::string("shared-memory ") + op_name_ + " timed out after " + secs +
                          " waiting for " + rank_name(lagging) + " to " + where());
     }
     const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout_ - elapsed);
@@ -258,7 +272,7 @@ void ShmAllreduce::wait_progress(uint64_t target, const char* what, uint64_t seg
   }
 }
 
-std::string ShmAllreduce::abort_reason(uint32_t abort_word) const {
+std::string ShmChannel::abort_reason(uint32_t abort_word) const {
   const int r = static_cast<int>(abort_word & 0xffffff) - 1;
   if ((abort_word >> 24) == kMismatch) {
     return rank_name(r) + " found that the ranks issued different collectives";
@@ -267,120 +281,50 @@ std::string ShmAllreduce::abort_reason(uint32_t abort_word) const {
                     : rank_name(r) + " aborted its communicator";
 }
 
-void ShmAllreduce::check_same_op(uint64_t op_seq, uint64_t bytes, int dtype, int op) const {
+void ShmChannel::begin_op(const ShmOpIdentity& op) {
+  if (const uint32_t word = header_->abort_word.load(std::memory_order_acquire); word != 0) {
+    throw CommError(std::string("shared-memory ") + kind_name(op.kind) +
+                    " refused: " + abort_reason(word));
+  }
+  op_name_ = kind_name(op.kind);
+  op_parity_ = static_cast<int>((step_ + 1) & 1);
+  ranks_[rank_].op[op_parity_] = OpRecord{op.kind, static_cast<int32_t>(op.dtype), op.reduce,
+                                          op.seq, op.bytes};
+}
+
+void ShmChannel::arrive(uint64_t s, uint64_t segment, uint64_t segments) {
+  publish(2 * s - 1);
+  wait_progress(2 * s - 1, "contribute", segment, segments);
+  if (segment == 1) check_same_op();
+}
+
+void ShmChannel::done(uint64_t s, bool wait, uint64_t segment, uint64_t segments) {
+  publish(2 * s);
+  if (wait) wait_progress(2 * s, "finish", segment, segments);
+}
+
+void ShmChannel::check_same_op() const {
+  const OpRecord& mine = ranks_[rank_].op[op_parity_];
   for (int q = 0; q < size_; ++q) {
-    const RankBlock& b = ranks_[q];
-    if (b.op_seq == op_seq && b.op_bytes == bytes && b.op_dtype == dtype && b.op_reduce == op) {
+    const OpRecord& theirs = ranks_[q].op[op_parity_];
+    if (theirs.kind == mine.kind && theirs.dtype == mine.dtype && theirs.reduce == mine.reduce &&
+        theirs.seq == mine.seq && theirs.bytes == mine.bytes) {
       continue;
     }
     stop(header_, kMismatch, rank_);
     futex_wake_all(&header_->epoch);
-    throw CommError("shared-memory allreduce: the ranks issued different collectives: " +
-                    rank_name(rank_) + " runs " + op_summary(op_seq, bytes, dtype, op) +
-                    " but " + rank_name(q) + " runs " +
-                    op_summary(b.op_seq, b.op_bytes, b.op_dtype, b.op_reduce) +
+    throw CommError(std::string("shared-memory ") + op_name_ +
+                    ": the ranks issued different collectives: " + rank_name(rank_) + " runs " +
+                    op_summary(mine) + " but " + rank_name(q) + " runs " + op_summary(theirs) +
                     ". Every rank must issue the same collectives, with the same sizes, in the "
                     "same order");
   }
 }
 
-// How an op's elements move between the caller's tensor and the segment.
-struct ShmAllreduce::Transfer {
-  size_t user_size;  // bytes per element in the caller's tensor
-  size_t wire_size;  // bytes per element in the segment
-  // `n` elements from the tensor into the segment, and from the segment into the tensor.
-  std::function<void(const char* from, char* to, size_t n)> in, out;
-  bool plain;  // in and out are copies: the reduction reads this rank's chunk from the tensor
-};
-
-void ShmAllreduce::allreduce(const at::Tensor& buffer, ReduceOp op, uint64_t op_seq) {
-  const size_t esize = buffer.element_size();
-  auto copy = [esize](const char* from, char* to, size_t n) { std::memcpy(to, from, n * esize); };
-  run(buffer, buffer.scalar_type(), op, Transfer{esize, esize, copy, copy, true}, op_seq);
-}
-
-void ShmAllreduce::allreduce_narrowed(const at::Tensor& buffer, at::ScalarType wire,
-                                      float divisor, uint64_t op_seq) {
-  const kernels::CastKernels& k = kernels::cast_kernels();
-  const auto narrow = wire == at::kHalf ? k.to_half : k.to_bf16;
-  const auto widen = wire == at::kHalf ? k.from_half : k.from_bf16;
-  const Transfer t{
-      sizeof(float), sizeof(uint16_t),
-      [narrow, divisor](const char* f, char* to, size_t n) {
-        narrow(reinterpret_cast<const float*>(f), reinterpret_cast<uint16_t*>(to), n, divisor);
-      },
-      [widen](const char* f, char* to, size_t n) {
-        widen(reinterpret_cast<const uint16_t*>(f), reinterpret_cast<float*>(to), n);
-      },
-      false};
-  run(buffer, wire, ReduceOp::kSum, t, op_seq);
-}
-
-void ShmAllreduce::run(const at::Tensor& buffer, at::ScalarType wire, ReduceOp op,
-                       const Transfer& t, uint64_t op_seq) {
-  const size_t numel = static_cast<size_t>(buffer.numel());
-  const ReduceFn fn = reduce_kernel(wire, op);
-  if (const uint32_t word = header_->abort_word.load(std::memory_order_acquire); word != 0) {
-    throw CommError("shared-memory allreduce refused: " + abort_reason(word));
-  }
-  if (numel == 0) return;
-
-  // The op's identity is what travels: a narrowed op matches a plain one of the wire dtype.
-  RankBlock& me = ranks_[rank_];
-  me.op_seq = op_seq;
-  me.op_bytes = numel * t.wire_size;
-  me.op_dtype = static_cast<int32_t>(wire);
-  me.op_reduce = static_cast<int32_t>(op);
-
-  char* const base = static_cast<char*>(buffer.data_ptr());
-  const size_t ws = t.wire_size;
-  const size_t seg_elems = slot_bytes_ / ws;
-  const size_t align = 64 / ws;  // chunk boundaries on cache lines: no false sharing
-  const uint64_t steps = (numel + seg_elems - 1) / seg_elems;
-  for (uint64_t k = 0; k < steps; ++k) {
-    const uint64_t s = ++step_;
-    const int b = static_cast<int>(s & 1);
-    const size_t n = std::min(seg_elems, numel - k * seg_elems);
-    const size_t chunk = round_up((n + size_ - 1) / size_, align);
-    const size_t lo = std::min(n, rank_ * chunk);
-    const size_t hi = std::min(n, (rank_ + 1) * chunk);
-    char* const src = base + k * seg_elems * t.user_size;
-    char* const mine = slot(b, rank_);
-    char* const result = slot(b, size_);
-
-    // 1. Contribute: the peers need every chunk but ours.
-    t.in(src, mine, lo);
-    t.in(src + hi * t.user_size, mine + hi * ws, n - hi);
-    publish(2 * s - 1);
-    wait_progress(2 * s - 1, "contribute", k + 1, steps);
-    if (k == 0) check_same_op(op_seq, numel * ws, me.op_dtype, me.op_reduce);
-
-    // 2. Reduce chunk `rank_` over ranks 0..size-1, in that order, into the result area. Our own
-    // part is read from the tensor, or narrowed into our slot (where no peer reads) first.
-    if (hi > lo) {
-      const size_t off = lo * ws;
-      if (!t.plain) t.in(src + lo * t.user_size, mine + off, hi - lo);
-      auto input = [&](int q) -> const char* {
-        return q == rank_ && t.plain ? src + off : slot(b, q) + off;
-      };
-      fn(result + off, input(0), input(1), hi - lo);
-      for (int q = 2; q < size_; ++q) fn(result + off, result + off, input(q), hi - lo);
-      if (op == ReduceOp::kAvg) {
-        at::from_blob(result + off, {static_cast<int64_t>(hi - lo)}, buffer.options()).div_(size_);
-      }
-    }
-    publish(2 * s);
-    wait_progress(2 * s, "reduce its chunk of", k + 1, steps);
-
-    // 3. Everyone's chunks, ours included, back into the tensor.
-    t.out(result, src, n);
-  }
-}
-
-std::unique_ptr<ShmAllreduce> connect_shm_allreduce(const c10::intrusive_ptr<c10d::Store>& store,
-                                                    const std::string& prefix, int rank,
-                                                    const std::vector<int>& world_ranks,
-                                                    const GlooOptions& options) {
+std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::Store>& store,
+                                                const std::string& prefix, int rank,
+                                                const std::vector<int>& world_ranks,
+                                                const GlooOptions& options) {
   const int size = static_cast<int>(world_ranks.size());
   if (size < 2) return nullptr;
   auto shm_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/shm", store);
@@ -415,7 +359,7 @@ std::unique_ptr<ShmAllreduce> connect_shm_allreduce(const c10::intrusive_ptr<c10
   ShmSegment segment;
   std::string failure;
   if (rank == 0) {
-    const size_t bytes = ShmAllreduce::segment_bytes(size, slot_bytes);
+    const size_t bytes = ShmChannel::segment_bytes(size, slot_bytes);
     std::string published;
     try {
       // Names a creator killed inside an earlier connect left behind (nobody else knew them).
@@ -447,7 +391,7 @@ std::unique_ptr<ShmAllreduce> connect_shm_allreduce(const c10::intrusive_ptr<c10
     const std::string name = published.substr(0, space);
     slot_bytes = std::stoull(published.substr(space + 1));
     try {
-      segment = ShmSegment::open(name, ShmAllreduce::segment_bytes(size, slot_bytes));
+      segment = ShmSegment::open(name, ShmChannel::segment_bytes(size, slot_bytes));
       const auto* header = static_cast<const Header*>(segment.data());
       if (header->magic != kMagic || header->version != kVersion || header->size != size ||
           header->slot_bytes != slot_bytes) {
@@ -479,8 +423,8 @@ std::unique_ptr<ShmAllreduce> connect_shm_allreduce(const c10::intrusive_ptr<c10
     all_ok = false;
   }
   if (!all_ok) return nullptr;
-  return std::make_unique<ShmAllreduce>(std::move(segment), rank, size, slot_bytes, world_ranks,
-                                        options.timeout);
+  return std::make_unique<ShmChannel>(std::move(segment), rank, size, slot_bytes, world_ranks,
+                                      options.timeout);
 }
 
 }  // namespace tandem
