@@ -158,7 +158,9 @@ bound = 16.0 / N * P + 2 * unit + 2 * unit
 z3["peak_bound_bytes"] = int(bound)
 z3["peak_bound_note"] = ("16/N bytes per parameter + 2 units' full parameters + 2 buckets; at stage 3 "
                          "the reduce-scatter buckets are the units, so a bucket is the largest unit's "
-                         "full gradients (%d bytes)" % unit)
+                         "full gradients (%d bytes); the measured peak also holds the model's "
+                         "activations and the batch; default options (sharding.backward_prefetch = "
+                         "post)" % unit)
 zro = med("pytorch_zero")
 result["zero_redundancy_optimizer_ms"] = round(zro, 3)
 result["pytorch"] = {
@@ -191,8 +193,8 @@ comm["reduce_scatter_plus_allgather_to_allreduce"] = round(
     (comm["reduce_scatter_ms"] + comm["allgather_ms"]) / comm["allreduce_ms"], 3)
 comm["note"] = ("one step's worth of the stage-1/2 buckets (%d, %.1f MiB in all), each collective "
                 "waited before the next, nothing else running: DDP's all-reduce (world "
-                "communicator, shared memory) vs the reduce-scatter and all-gather the stages issue "
-                "(a split communicator: Gloo over TCP loopback)" % (comm["buckets"], 4 * P / 2**20))
+                "communicator) vs the reduce-scatter and all-gather the stages issue (a split "
+                "communicator); all three through shared memory" % (comm["buckets"], 4 * P / 2**20))
 result["collectives"] = comm
 
 
@@ -269,8 +271,8 @@ print("pytorch DDP + AdamW %.2f ms; DDP + ZeroRedundancyOptimizer(AdamW) %.2f ms
           result["pytorch"]["ddp_ms"], zro, pz["state_bytes"] / MiB, pz["phases_ms"]["forward"],
           pz["phases_ms"]["backward"], pz["phases_ms"]["optimizer"],
           "%.2f ms" % fsdp["step_ms"] if "step_ms" in fsdp else "unavailable (%s)" % fsdp["error"]))
-print("collectives alone, one step's buckets (%d, %.0f MiB): all-reduce (shared memory) %.2f ms; "
-      "reduce-scatter %.2f ms + all-gather %.2f ms (Gloo TCP) = %.2fx" % (
+print("collectives alone, one step's buckets (%d, %.0f MiB, shared memory): all-reduce %.2f ms; "
+      "reduce-scatter %.2f ms + all-gather %.2f ms = %.2fx" % (
           comm["buckets"], 4 * P / MiB, comm["allreduce_ms"], comm["reduce_scatter_ms"], comm["allgather_ms"],
           comm["reduce_scatter_plus_allgather_to_allreduce"]))
 print("peak by phase (forward / backward / optimizer, MiB): " + "; ".join(

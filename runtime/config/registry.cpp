@@ -27,7 +27,7 @@ std::vector<KeySpec> build() {
   k.push_back(text("comm.gloo_interface", TANDEM_REF(comm.gloo_interface),
                    "Network interface for Gloo (e.g. eth0); wins over comm.gloo_hostname when set."));
   k.push_back(boolean("comm.shared_memory", TANDEM_REF(comm.shared_memory),
-                      "All-reduce through shared memory when every rank is on this host."));
+                      "Allreduce, reduce-scatter and all-gather through shared memory when every rank is on this host."));
   k.push_back(string_choice("comm.backend", TANDEM_REF(comm.backend), {"auto", "gloo", "nccl"},
                             "CUDA tensors over NCCL, CPU tensors over Gloo (auto: when this build has NCCL and the machine a GPU)."));
   k[0].info.env_alias = "TANDEM_TIMEOUT_S";
@@ -58,6 +58,8 @@ std::vector<KeySpec> build() {
                       "Stage 3: free a unit's full parameters after its forward (gather again for backward)."));
   k.push_back(boolean("sharding.prefetch", TANDEM_REF(sharding.prefetch),
                       "Stage 3: gather the next unit while the current one computes."));
+  k.push_back(string_choice("sharding.backward_prefetch", TANDEM_REF(sharding.backward_prefetch), {"pre", "post"},
+                            "Stage 3, backward: prefetch the next unit when the current unit's backward starts (pre: more overlap, one unit more memory) or when its gradients are in (post)."));
   k.push_back(number("sharding.group_size", TANDEM_REF(sharding.group_size), ge(0),
                      "Ranks one shard spans (0: all); smaller: shard inside groups, replicate across (hybrid)."));
   k.push_back(string_choice("sharding.reduce_dtype", TANDEM_REF(sharding.reduce_dtype), {"fp32", "fp16", "bf16"},

@@ -170,6 +170,10 @@ std::vector<at::Tensor> State::after_forward(int u, std::vector<at::Tensor> outp
   return outputs;
 }
 
+bool State::prefetch_in_backward(const char* when) const {
+  return stage() == 3 && options.prefetch && options.backward_prefetch == when;
+}
+
 void State::gather_for_backward(size_t upto, int current) {
   upto = std::min(upto, backward_gathers.size());
   for (; backward_gathered < upto; ++backward_gathered) {
@@ -191,14 +195,15 @@ void State::want_for_backward(int u) {
     return;
   }
   unit.pre_backward_ran = true;
-  // Gathers run in backward order: this unit's, every one before it, and (prefetch) the next.
+  // Gathers run in backward order: this unit's, every one before it, and (prefetch "pre") the
+  // next; with "post" the next is prefetched once this unit's gradients are in (mark_ready).
   const auto rank_of = [&](int v) {
     return std::find(reduce_order.begin(), reduce_order.end(), v) - reduce_order.begin();
   };
   const auto mine = rank_of(u);
   size_t upto = backward_gathered;
   while (upto < backward_gathers.size() && rank_of(backward_gathers[upto]) <= mine) ++upto;
-  if (options.prefetch && upto < backward_gathers.size()) ++upto;
+  if (prefetch_in_backward("pre") && upto < backward_gathers.size()) ++upto;
   gather_for_backward(upto, u);
   wait_gathered(u);
 }

@@ -112,8 +112,10 @@ void State::on_grad_ready(int64_t p) {
 
 void State::mark_ready(int u) {
   units[u].ready = true;
-  // Stage 3: every gradient of the unit is in, so nothing needs its parameters any more.
+  // Stage 3: every gradient of the unit is in, so nothing needs its parameters any more; the
+  // next unit's gather takes their place ("post").
   if (u != root) release(u);
+  if (prefetch_in_backward("post")) gather_for_backward(backward_gathered + 1, -1);
   if (mode == Mode::kSynchronizing) advance_reduces();
 }
 
@@ -140,6 +142,11 @@ void State::reduce(int u) {
   const int n = shard_size();
   const int64_t S = unit.shard_numel;
   if (stage() >= 2) {
+    // One bucket's full gradients in flight while the next bucket's are computed, rather than
+    // every bucket's until the end of backward: the earlier reduce-scatters (in reduce order, as
+    // every rank does) had this bucket's backward to run, and finishing them before this
+    // bucket's buffer exists keeps two buckets, not three, at this point.
+    while (reduce_finished + 1 < reduce_next) finish_reduce(reduce_order[reduce_finished++]);
     // The full gradients exist only until this reduce-scatter is done.
     unit.grad_flat = at::empty({unit.padded_numel(n)}, unit.grad_options);
     if (unit.padded_numel(n) > unit.numel) unit.grad_flat.narrow(0, unit.numel, unit.padded_numel(n) - unit.numel).zero_();
@@ -180,13 +187,6 @@ void State::reduce(int u) {
     at::Tensor out_wire = at::empty({S}, unit.grad_wire.options());
     unit.reduce_work = reduce_comm->reduce_scatter(out_wire, unit.grad_wire, ReduceOp::kSum);
     unit.grad_wire = out_wire;  // finish_reduce casts it into `output`
-  }
-  if (stage() >= 2) {
-    // One bucket's full gradients in flight while the next bucket's are computed, rather than
-    // every bucket's until the end of backward: finish the earlier reduce-scatters (in reduce
-    // order, as every rank does). The communicator runs them in order, so this one stays queued
-    // and the wire stays busy.
-    while (reduce_finished + 1 < reduce_next) finish_reduce(reduce_order[reduce_finished++]);
   }
 }
 

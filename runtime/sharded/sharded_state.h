@@ -117,6 +117,8 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   void finish_reduce(int unit);
   // Issues backward_gathers[backward_gathered, upto); `current` is the unit that needs its own.
   void gather_for_backward(size_t upto, int current);
+  // Whether stage 3 prefetches in backward at `when` ("pre" or "post", sharding.backward_prefetch).
+  bool prefetch_in_backward(const char* when) const;
 
   int shard_rank() const { return shard_comm->rank(); }
   int shard_size() const { return shard_comm->size(); }
