@@ -14,6 +14,7 @@
 //   zeroK     ShardedDataParallel with sharding.stage = K and default options
 // --param-dtype bf16 trains bf16 parameters with fp32 masters (precision.param_dtype) and
 // --autocast bf16 runs the forward under bf16 autocast (scripts/bench-precision uses both).
+// --backward-prefetch pre|post sets sharding.backward_prefetch (stage 3; default post).
 //   comm      no training: times, per step's worth of buckets (the stage-1 units), the all-reduce
 //             DDP issues and the reduce-scatter + all-gather the stages issue (all through
 //             shared memory on one host), to tell communication from everything else
@@ -170,6 +171,9 @@ int main(int argc, char** argv) {
   app.add_option("--param-dtype", param_dtype, "fp32 | bf16 (with fp32 masters)")
       ->check(CLI::IsMember({"fp32", "bf16"}));
   app.add_option("--autocast", autocast, "off | bf16")->check(CLI::IsMember({"off", "bf16"}));
+  std::string backward_prefetch = tandem::ShardingOptions().backward_prefetch;
+  app.add_option("--backward-prefetch", backward_prefetch, "pre | post (sharding.backward_prefetch)")
+      ->check(CLI::IsMember({"pre", "post"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -203,6 +207,7 @@ int main(int argc, char** argv) {
     } else {
       tandem::ShardingOptions sharding;
       sharding.stage = stage;
+      sharding.backward_prefetch = backward_prefetch;
       sdp = std::make_unique<tandem::ShardedDataParallel<Mlp>>(model, comm, sharding, ddp_options);
     }
     std::vector<double> f(kNumFields, 0.0);
