@@ -15,6 +15,25 @@ namespace {
 
 constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// One channel step of an op: elements [first, first + n) of what the op moves per rank.
+struct Segment {
+  uint64_t step;
+  int buffer;
+  size_t first, n;
+  uint64_t number, count;  // 1-based, for errors
+};
+
+// Runs `body(segment)` for the segments of at most `per` elements that cover `total`, in order.
+template <class Body>
+void for_each_segment(ShmChannel& ch, size_t total, size_t per, Body&& body) {
+  const uint64_t count = (total + per - 1) / per;
+  for (uint64_t k = 0; k < count; ++k) {
+    const uint64_t s = ch.next_step();
+    const size_t first = k * per;
+    body(Segment{s, static_cast<int>(s & 1), first, std::min(per, total - first), k + 1, count});
+  }
+}
+
 // Divides `n` elements at `p` (of `like`'s dtype) by `divisor` in place: the avg of the Gloo path.
 void divide(char* p, size_t n, const at::Tensor& like, int divisor) {
   at::from_blob(p, {static_cast<int64_t>(n)}, like.options()).div_(divisor);
@@ -72,24 +91,21 @@ void ShmCollectives::run_allreduce(const at::Tensor& buffer, at::ScalarType wire
 
   char* const base = static_cast<char*>(buffer.data_ptr());
   const size_t ws = t.wire_size;
-  const size_t seg_elems = ch.slot_bytes() / ws;
   const size_t align = 64 / ws;  // chunk boundaries on cache lines: no false sharing
-  const uint64_t steps = (numel + seg_elems - 1) / seg_elems;
-  for (uint64_t k = 0; k < steps; ++k) {
-    const uint64_t s = ch.next_step();
-    const int b = static_cast<int>(s & 1);
-    const size_t n = std::min(seg_elems, numel - k * seg_elems);
+  for_each_segment(ch, numel, ch.slot_bytes() / ws, [&](const Segment& g) {
+    const int b = g.buffer;
+    const size_t n = g.n;
     const size_t chunk = round_up((n + size - 1) / size, align);
     const size_t lo = std::min(n, rank * chunk);
     const size_t hi = std::min(n, (rank + 1) * chunk);
-    char* const src = base + k * seg_elems * t.user_size;
+    char* const src = base + g.first * t.user_size;
     char* const mine = ch.slot(b, rank);
     char* const result = ch.slot(b, size);
 
     // 1. Contribute: the peers need every chunk but ours.
     t.in(src, mine, lo);
     t.in(src + hi * t.user_size, mine + hi * ws, n - hi);
-    ch.arrive(s, k + 1, steps);
+    ch.arrive(g.step, g.number, g.count);
 
     // 2. Reduce chunk `rank` over ranks 0..size-1, in that order, into the result area. Our own
     // part is read from the tensor, or narrowed into our slot (where no peer reads) first.
@@ -103,11 +119,11 @@ void ShmCollectives::run_allreduce(const at::Tensor& buffer, at::ScalarType wire
       for (int q = 2; q < size; ++q) fn(result + off, result + off, input(q), hi - lo);
       if (op == ReduceOp::kAvg) divide(result + off, hi - lo, buffer, size);
     }
-    ch.done(s, /*wait=*/false, k + 1, steps);
+    ch.done(g.step, /*wait=*/true, g.number, g.count);
 
     // 3. Everyone's chunks, ours included, back into the tensor.
     t.out(result, src, n);
-  }
+  });
 }
 
 bool ShmCollectives::reduce_scatter_fits(size_t element_size) const {
@@ -132,31 +148,27 @@ void ShmCollectives::reduce_scatter(const at::Tensor& output, const at::Tensor& 
   const size_t per = ch.slot_bytes() / size / es / align * align;
   const char* const in = static_cast<const char*>(input.data_ptr());
   char* const out = static_cast<char*>(output.data_ptr());
-  const uint64_t steps = (m + per - 1) / per;
-  for (uint64_t k = 0; k < steps; ++k) {
-    const uint64_t s = ch.next_step();
-    const int b = static_cast<int>(s & 1);
-    const size_t first = k * per;
-    const size_t n = std::min(per, m - first);
-    char* const mine = ch.slot(b, rank);
+  for_each_segment(ch, m, per, [&](const Segment& g) {
+    const size_t first = g.first, n = g.n;
+    char* const mine = ch.slot(g.buffer, rank);
 
     // 1. Our part of every other rank's chunk into its sub-slot of our slot.
     for (int q = 0; q < size; ++q) {
       if (q == rank) continue;
       std::memcpy(mine + q * per * es, in + (q * m + first) * es, n * es);
     }
-    ch.arrive(s, k + 1, steps);
+    ch.arrive(g.step, g.number, g.count);
 
     // 2. Our chunk over ranks 0..size-1 (ours straight from the input), into the output.
     auto part = [&](int q) -> const char* {
-      return q == rank ? in + (rank * m + first) * es : ch.slot(b, q) + rank * per * es;
+      return q == rank ? in + (rank * m + first) * es : ch.slot(g.buffer, q) + rank * per * es;
     };
     char* const dst = out + first * es;
     fn(dst, part(0), part(1), n);
     for (int q = 2; q < size; ++q) fn(dst, dst, part(q), n);
     if (op == ReduceOp::kAvg) divide(dst, n, output, size);
-    ch.done(s, /*wait=*/false, k + 1, steps);
-  }
+    ch.done(g.step, /*wait=*/false, g.number, g.count);
+  });
 }
 
 void ShmCollectives::allgather(const at::Tensor& output, const at::Tensor& input,
@@ -169,24 +181,19 @@ void ShmCollectives::allgather(const at::Tensor& output, const at::Tensor& input
   ch.begin_op({ShmOpIdentity::kAllgather, op_seq, m * es, input.scalar_type(), -1});
   if (m == 0) return;
 
-  const size_t per = ch.slot_bytes() / es;
   const char* const in = static_cast<const char*>(input.data_ptr());
   char* const out = static_cast<char*>(output.data_ptr());
-  const uint64_t steps = (m + per - 1) / per;
-  for (uint64_t k = 0; k < steps; ++k) {
-    const uint64_t s = ch.next_step();
-    const int b = static_cast<int>(s & 1);
-    const size_t first = k * per;
-    const size_t n = std::min(per, m - first);
-    std::memcpy(ch.slot(b, rank), in + first * es, n * es);
-    ch.arrive(s, k + 1, steps);
+  for_each_segment(ch, m, ch.slot_bytes() / es, [&](const Segment& g) {
+    const size_t first = g.first, n = g.n;
+    std::memcpy(ch.slot(g.buffer, rank), in + first * es, n * es);
+    ch.arrive(g.step, g.number, g.count);
     for (int q = 0; q < size; ++q) {
-      const char* from = q == rank ? in + first * es : ch.slot(b, q);
+      const char* from = q == rank ? in + first * es : ch.slot(g.buffer, q);
       char* to = out + (q * m + first) * es;
       if (to != from) std::memcpy(to, from, n * es);  // equal: the input is our output chunk
     }
-    ch.done(s, /*wait=*/false, k + 1, steps);
-  }
+    ch.done(g.step, /*wait=*/false, g.number, g.count);
+  });
 }
 
 }  // namespace tandem
