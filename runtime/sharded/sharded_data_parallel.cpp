@@ -86,6 +86,11 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
                       "as the ranks per node (--set sharding.group_size=" +
                       std::to_string(world) + ").");
   }
+  if (sharding.backward_prefetch != "pre" && sharding.backward_prefetch != "post") {
+    throw ConfigError("tandem: ShardedDataParallel: sharding.backward_prefetch '" +
+                      sharding.backward_prefetch +
+                      "' is not pre or post (--set sharding.backward_prefetch=post).");
+  }
   if (!(ddp.bucket_cap_mb > 0) || !(ddp.first_bucket_cap_mb > 0)) {
     throw ConfigError("tandem: ShardedDataParallel: ddp.bucket_cap_mb and ddp.first_bucket_cap_mb "
                       "must be positive (--set ddp.bucket_cap_mb=25).");

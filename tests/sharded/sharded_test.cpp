@@ -461,6 +461,16 @@ TEST(ShardedErrors, BadOptionsNameTheKey) {
     } catch (const ConfigError& e) {
       EXPECT_NE(std::string(e.what()).find("--set sharding.group_size="), std::string::npos) << e.what();
     }
+    o.group_size = 0;
+    o.backward_prefetch = "before";
+    try {
+      ShardedDataParallel sdp(model, borrow(comm), o);
+      FAIL();
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--set sharding.backward_prefetch=post"),
+                std::string::npos)
+          << e.what();
+    }
   });
 }
 

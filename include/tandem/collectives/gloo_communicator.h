@@ -59,8 +59,9 @@ struct GlooOptions {
   // Allreduce below this many bytes uses bcube on power-of-two groups; ring above.
   size_t ring_threshold_bytes = 256 * 1024;
   // Allreduce, reduce-scatter and all-gather through shared memory when all ranks of the
-  // communicator share this host (see the top of this file). Every rank should pass the same value; if any rank passes false, no rank
-  // uses shared memory. Off: TCP loopback for everything, as before.
+  // communicator share this host (see the top of this file). Every rank should pass the same
+  // value; if any rank passes false, no rank uses shared memory. Off: TCP loopback for
+  // everything, as before.
   bool shared_memory = true;
   // Bytes each rank stages per pipeline step of a shared-memory collective (rounded up to 4 KiB);
   // larger tensors go in steps of this size. The segment holds 2 x (ranks + 1) of them, reserved

@@ -82,8 +82,8 @@ struct ShardingOptions {
   bool prefetch = true;               // sharding.prefetch: gather the next unit while one computes
   std::string backward_prefetch = "post";  // sharding.backward_prefetch: in backward, gather the
                                       // next unit when the current one's backward starts ("pre":
-                                      // more overlap, a unit more memory) or when its gradients
-                                      // are in ("post": peak 2 units + 2 buckets over the shards)
+                                      // more overlap, four units' worth beside the shards) or
+                                      // when its gradients are in ("post": three)
   int group_size = 0;                 // sharding.group_size: ranks a shard spans (0: all; hybrid
                                       // sharding across groups otherwise; must divide the world)
   std::string reduce_dtype = "fp32";  // sharding.reduce_dtype: fp32 | fp16 | bf16 on the wire
