@@ -119,6 +119,7 @@ void ShmCollectives::run_allreduce(const at::Tensor& buffer, at::ScalarType wire
       for (int q = 2; q < size; ++q) fn(result + off, result + off, input(q), hi - lo);
       if (op == ReduceOp::kAvg) divide(result + off, hi - lo, buffer, size);
     }
+    // The result area is whole only once every rank reduced its chunk: this wait is not optional.
     ch.done(g.step, /*wait=*/true, g.number, g.count);
 
     // 3. Everyone's chunks, ours included, back into the tensor.
