@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <set>
 #include <string>
 
 #include "tests/fault/fault_fixture.h"
@@ -115,7 +116,9 @@ TEST_F(FaultTest, ExceptionInWorkerRestartsAndEndsBitIdentical) {
 TEST_F(FaultTest, HungWorkerIsDetectedByHeartbeatAndRestarted) {
   const std::string want = reference();
   const RunResult r =
-      run("hang", {"--max-restarts", "2", "--heartbeat-timeout", "2", "--monitor-interval", "0.1"},
+      run("hang",
+          {"--max-restarts", "2", "--heartbeat-timeout", "2", "--monitor-interval", "0.1",
+           "--log-dir", dir_ + "/logs"},
           {"FAULT_RANK=1", "FAULT_STEP=8", "FAULT_KIND=stop"}, {"--sync"});
   ASSERT_FALSE(r.timed_out) << r.err;
   ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
@@ -123,7 +126,17 @@ TEST_F(FaultTest, HungWorkerIsDetectedByHeartbeatAndRestarted) {
   // Rank 1 stopped; rank 0 then waits for it in the all-reduce: both go silent, the first seen
   // silent for over 2 s is named.
   EXPECT_NE(r.err.find("sent no heartbeat for"), std::string::npos) << r.err;
+  // Rank 1 is not continued before SIGTERM (not even to dump its flight recorder), so neither
+  // rank gets past step 8 and the restart resumes from step 6's checkpoint, every time. (Once
+  // continued, the ranks sometimes finished step 8 and saved step 9 before SIGTERM came.)
   EXPECT_NE(r.out.find("restart 1 resumed at step 6\n"), std::string::npos) << r.out;
+  std::set<std::string> dumps;  // <log dir>/<run id>_XXXXXX/flight/attempt_0/flight_rank<R>.json
+  for (const auto& e : fs::recursive_directory_iterator(dir_ + "/logs")) {
+    if (e.path().filename().string().rfind("flight_rank", 0) == 0)
+      dumps.insert(e.path().parent_path().filename().string() + "/" + e.path().filename().string());
+  }
+  EXPECT_EQ(dumps, std::set<std::string>{"attempt_0/flight_rank0.json"})
+      << "only the waiting rank 0 dumps; the stopped rank 1 is not continued to dump";
   EXPECT_EQ(params("hang"), want);
 }
 
