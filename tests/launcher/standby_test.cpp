@@ -7,6 +7,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 
 #include "tests/launcher/tandemrun_process.h"
@@ -28,10 +29,15 @@ TEST(StandbyTest, ProgramWithoutRunMainFallsBackToNormalStartsAndStillRestarts) 
   EXPECT_EQ(r.exit_code, 0) << r.err << r.out;
   EXPECT_NE(r.err.find("rank 1 exited with code 3; restarting all workers"), std::string::npos)
       << r.err;
-  EXPECT_NE(r.err.find("the standby of local rank 0 exited before it was needed (does the program "
-                       "call tandem::run_main?); starting the worker normally"),
-            std::string::npos)
-      << r.err;
+  // Each standby has usually exited by the restart; on a loaded machine sh may still be starting,
+  // and then it does not take its environment. Either way the worker is started normally.
+  for (const std::string rank : {"0", "1"}) {
+    EXPECT_TRUE(std::regex_search(
+        r.err, std::regex("the standby of local rank " + rank +
+                          " (exited before it was needed|did not take its environment) \\(does "
+                          "the program call tandem::run_main\\?\\); starting the worker normally")))
+        << r.err;
+  }
   EXPECT_EQ(r.err.find("taken over from standby"), std::string::npos) << r.err;
   EXPECT_EQ(count_occurrences(r.out, "attempt 1 rank 0"), 1u) << r.out;
   EXPECT_EQ(count_occurrences(r.out, "attempt 1 rank 1"), 1u) << r.out;
