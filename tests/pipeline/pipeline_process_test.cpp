@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 class PipelineProcesses : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(PipelineProcesses, TwoRanksThroughTandemrunMatchTheFullBatchGradients) {
-  std::vector<std::string> args = {"--standalone", "--nproc-per-node", "2", PIPELINE_WORKER_PATH,
+  std::vector<std::string> args = {"--standalone", "--nproc-per-node", "2", launcher_test::worker_path(),
                                    "check-grads",  GetParam(),         "4"};
   if (GetParam() == "interleaved") args.push_back("2");
   const RunResult r = launcher_test::run_tandemrun(args, clean_env(), 40s);
@@ -40,7 +40,7 @@ TEST(PipelineProcess, DisagreeingMicrobatchesFailInEveryProcessWithoutHanging) {
   std::vector<std::unique_ptr<launcher_test::TandemrunProcess>> workers;
   for (int rank = 0; rank < 2; ++rank) {
     workers.push_back(std::make_unique<launcher_test::TandemrunProcess>(
-        std::vector<std::string>{PIPELINE_WORKER_PATH, "mismatch"},
+        std::vector<std::string>{launcher_test::worker_path(), "mismatch"},
         testing::rank_env(rank, 2, port, "30"), /*through_tandemrun=*/false));
   }
   for (int rank = 0; rank < 2; ++rank) {

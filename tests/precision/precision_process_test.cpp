@@ -29,7 +29,7 @@ using launcher_test::TempDir;
 
 RunResult run_worker(int world, std::vector<std::string> args) {
   std::vector<std::string> full = {"--standalone", "--nproc-per-node", std::to_string(world),
-                                   PRECISION_WORKER_PATH};
+                                   launcher_test::worker_path()};
   full.insert(full.end(), args.begin(), args.end());
   return launcher_test::run_tandemrun(full, clean_env(), 120s);
 }

@@ -25,7 +25,7 @@ using launcher_test::TempDir;
 
 RunResult run_worker(int world, std::vector<std::string> args) {
   std::vector<std::string> full = {"--standalone", "--nproc-per-node", std::to_string(world),
-                                   SHARDED_WORKER_PATH};
+                                   launcher_test::worker_path()};
   full.insert(full.end(), args.begin(), args.end());
   return launcher_test::run_tandemrun(full, clean_env(), 90s);
 }
