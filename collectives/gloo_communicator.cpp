@@ -218,13 +218,16 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
     } catch (const std::exception& e) {
       const std::string what = e.what();
       const bool timed_out = detail::looks_like_timeout(what);
+      // The op's own timeout can fire before the waiter's: name the absent ranks here too, so
+      // the message does not depend on which of the two came first.
       const std::string msg =
           "tandem: " + d.str() + (timed_out ? " timed out" : " failed") + " after " +
           format_elapsed(work.issued_at()) + ": " + what +
           (timed_out ? ". A peer rank is hung or did not issue this op (ranks must issue "
                        "collectives in the same order)."
                      : ". A peer rank probably died; see its log.") +
-          " The communicator is now unusable." + dump_flight_recorder(timed_out ? "timeout" : "failure");
+          " The communicator is now unusable." + (timed_out ? who_never_joined(d) : "") +
+          dump_flight_recorder(timed_out ? "timeout" : "failure");
       mark_broken(msg);
       error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
                         : std::make_exception_ptr(CommError(msg));

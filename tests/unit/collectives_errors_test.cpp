@@ -93,6 +93,35 @@ TEST(CollectiveErrors, HungPeerRaisesTimeoutErrorNamingTheOp) {
       options);
 }
 
+// The op's own timeout (1 s) fires long before its waiter's (10 s): the error it finishes the
+// work with names the rank that never joined too, as the waiter's own timeout does (which of the
+// two fires first depends on scheduling when they are equal).
+TEST(CollectiveErrors, OpTimeoutBeforeTheWaitersStillNamesTheRankThatNeverJoined) {
+  GlooOptions options;
+  options.timeout = std::chrono::milliseconds(1000);
+  std::atomic<bool> rank0_done{false};
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        if (comm.rank() == 1) {  // hangs: never issues the allreduce
+          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+          return;
+        }
+        auto t = at::ones({1 << 10});
+        const auto start = Clock::now();
+        std::string msg;
+        try {
+          comm.allreduce(t)->wait(std::chrono::seconds(10));
+        } catch (const TimeoutError& e) {
+          msg = e.what();
+        }
+        rank0_done = true;
+        EXPECT_LT(seconds_since(start), 8.0);  // 1 s + the 2 s grace, not the waiter's 10 s
+        EXPECT_NE(msg.find("Rank(s) 1 never joined it"), std::string::npos) << msg;
+      },
+      options);
+}
+
 TEST(CollectiveErrors, DeadPeerRaisesCommErrorLongBeforeTheTimeout) {
   GlooOptions options;
   options.timeout = std::chrono::seconds(60);
