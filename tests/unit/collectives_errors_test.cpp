@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 
 namespace tandem {
@@ -61,65 +62,57 @@ TEST(CollectiveErrors, BadArgumentsThrowAtTheCallAndLeaveTheCommunicatorUsable) 
   });
 }
 
-TEST(CollectiveErrors, HungPeerRaisesTimeoutErrorNamingTheOp) {
+// Two ranks with a 1 s timeout; rank 1 hangs (never issues the allreduce) while rank 0 issues one
+// of `elements` floats and waits `wait` for it (the op's own timeout when zero), then calls
+// `check(comm, message of the TimeoutError, seconds it took)` on rank 0.
+void with_hung_peer(int64_t elements, std::chrono::milliseconds wait,
+                    const std::function<void(Communicator&, const std::string&, double)>& check) {
   GlooOptions options;
   options.timeout = std::chrono::milliseconds(1000);
   std::atomic<bool> rank0_done{false};
   run_ranks(
       2,
       [&](Communicator& comm) {
-        if (comm.rank() == 1) {  // hangs: never issues the allreduce
+        if (comm.rank() == 1) {
           while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
           return;
         }
-        auto t = at::ones({1 << 16});
+        auto t = at::ones({elements});
         const auto start = Clock::now();
         std::string msg;
         try {
-          comm.allreduce(t)->wait();
+          auto work = comm.allreduce(t);
+          wait.count() > 0 ? work->wait(wait) : work->wait();
         } catch (const TimeoutError& e) {
           msg = e.what();
         }
         rank0_done = true;
-        EXPECT_LT(seconds_since(start), 10.0);  // bounded by the 1 s timeout, with slack
-        EXPECT_NE(msg.find("allreduce #0 (sum, 256.00 KiB float32) on ranks [0, 1]"),
-                  std::string::npos)
-            << msg;
-        EXPECT_NE(msg.find("unusable"), std::string::npos) << msg;
-        // Broken afterwards: later ops fail at once, carrying the first failure.
-        const std::string later = comm_error_of([&] { comm.barrier(); });
-        EXPECT_NE(later.find("unusable after an earlier failure"), std::string::npos) << later;
+        check(comm, msg, seconds_since(start));
       },
       options);
+}
+
+TEST(CollectiveErrors, HungPeerRaisesTimeoutErrorNamingTheOp) {
+  with_hung_peer(1 << 16, {}, [](Communicator& comm, const std::string& msg, double seconds) {
+    EXPECT_LT(seconds, 10.0);  // bounded by the 1 s timeout, with slack
+    EXPECT_NE(msg.find("allreduce #0 (sum, 256.00 KiB float32) on ranks [0, 1]"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("unusable"), std::string::npos) << msg;
+    // Broken afterwards: later ops fail at once, carrying the first failure.
+    const std::string later = comm_error_of([&] { comm.barrier(); });
+    EXPECT_NE(later.find("unusable after an earlier failure"), std::string::npos) << later;
+  });
 }
 
 // The op's own timeout (1 s) fires long before its waiter's (10 s): the error it finishes the
 // work with names the rank that never joined too, as the waiter's own timeout does (which of the
 // two fires first depends on scheduling when they are equal).
 TEST(CollectiveErrors, OpTimeoutBeforeTheWaitersStillNamesTheRankThatNeverJoined) {
-  GlooOptions options;
-  options.timeout = std::chrono::milliseconds(1000);
-  std::atomic<bool> rank0_done{false};
-  run_ranks(
-      2,
-      [&](Communicator& comm) {
-        if (comm.rank() == 1) {  // hangs: never issues the allreduce
-          while (!rank0_done) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-          return;
-        }
-        auto t = at::ones({1 << 10});
-        const auto start = Clock::now();
-        std::string msg;
-        try {
-          comm.allreduce(t)->wait(std::chrono::seconds(10));
-        } catch (const TimeoutError& e) {
-          msg = e.what();
-        }
-        rank0_done = true;
-        EXPECT_LT(seconds_since(start), 8.0);  // 1 s + the 2 s grace, not the waiter's 10 s
-        EXPECT_NE(msg.find("Rank(s) 1 never joined it"), std::string::npos) << msg;
-      },
-      options);
+  with_hung_peer(1 << 10, std::chrono::seconds(10),
+                 [](Communicator&, const std::string& msg, double seconds) {
+                   EXPECT_LT(seconds, 8.0);  // 1 s + the 2 s grace, not the waiter's 10 s
+                   EXPECT_NE(msg.find("Rank(s) 1 never joined it"), std::string::npos) << msg;
+                 });
 }
 
 TEST(CollectiveErrors, DeadPeerRaisesCommErrorLongBeforeTheTimeout) {
