@@ -15,7 +15,8 @@
 namespace tandem::detail {
 namespace {
 
-std::string param_key(const at::Tensor& p) { return c10::guts::to_string(p.unsafeGetTensorImpl()); }
+// torch::optim keys its state by the parameter's TensorImpl.
+void* param_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 
 std::string pfx(size_t g, size_t i) { return "g" + std::to_string(g) + ".p" + std::to_string(i) + "."; }
 std::string gfx(size_t g) { return "g" + std::to_string(g) + "."; }
@@ -94,7 +95,7 @@ class OptimizerState final : public Checkpointable {
       const auto& params = groups[g].params();
       for (size_t i = 0; i < params.size(); ++i) {
         const std::string p = pfx(g, i);
-        const std::string key = param_key(params[i]);
+        void* const key = param_key(params[i]);
         if (!opt_bool(loaded, p + "has_state")) {
           opt_.state().erase(key);
           continue;

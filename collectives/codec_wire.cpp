@@ -1,7 +1,7 @@
 #include "collectives/codec_wire.h"
 
 #include "collectives/cast_kernels.h"
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/div.h>

@@ -5,38 +5,25 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/companion_library.h"
+
 #include <dlfcn.h>
 
 namespace tandem {
 namespace {
-
-void* cuda_library_symbol(const char* symbol, std::string* why);
 
 struct CudaLibrary {
   void* handle = nullptr;
   std::string error;
 };
 
-// Beside libtandem.so first (the build tree and an install prefix keep them together), then by
-// the loader's search path.
 CudaLibrary load() {
   CudaLibrary lib;
 #if defined(TANDEM_CUDA_LIBRARY)
-  std::string candidates[2] = {"", TANDEM_CUDA_LIBRARY};
-  Dl_info self{};
-  if (::dladdr(reinterpret_cast<void*>(&cuda_library_symbol), &self) != 0 && self.dli_fname) {
-    const std::string path = self.dli_fname;
-    const auto slash = path.rfind('/');
-    if (slash != std::string::npos) candidates[0] = path.substr(0, slash + 1) + TANDEM_CUDA_LIBRARY;
+  lib.handle = open_companion_library(TANDEM_CUDA_LIBRARY, RTLD_NOW | RTLD_GLOBAL, &lib.error);
+  if (lib.handle == nullptr) {
+    lib.error += " (are the CUDA runtime and NCCL installed on this machine?)";
   }
-  for (const std::string& candidate : candidates) {
-    if (candidate.empty()) continue;
-    lib.handle = ::dlopen(candidate.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (lib.handle != nullptr) return lib;
-    lib.error = ::dlerror();
-  }
-  lib.error = "cannot load " + std::string(TANDEM_CUDA_LIBRARY) + ": " + lib.error +
-              " (are the CUDA runtime and NCCL installed on this machine?)";
 #else
   lib.error = "this build of tandem has no CUDA part (configure it where the CUDA toolkit and "
               "NCCL are installed)";

@@ -1,7 +1,7 @@
 #include "collectives/shm_channel.h"
 
 #include "collectives/async_work.h"
-#include "collectives/gloo_store_adapter.h"
+#include "collectives/gloo/gloo_store_adapter.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>

@@ -40,7 +40,7 @@ class TandemCpuAllocator final : public c10::Allocator {
  public:
   explicit TandemCpuAllocator(std::shared_ptr<MemoryResource> r) : resource_(std::move(r)) {}
 
-  c10::DataPtr allocate(std::size_t n) const override {
+  c10::DataPtr allocate(std::size_t n) override {
     const c10::Device cpu(c10::DeviceType::CPU);
     if (n == 0) return {nullptr, nullptr, &free_tensor_memory, cpu};
     const std::size_t total = n + kHeader;
@@ -56,11 +56,9 @@ class TandemCpuAllocator final : public c10::Allocator {
   // (GELU's scratch, for one) may free by data pointer alone.
   c10::DeleterFnPtr raw_deleter() const override { return &free_tensor_memory; }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 3)
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     std::memcpy(dest, src, count);
   }
-#endif
 
   MemoryResource* resource() const { return resource_.get(); }
 

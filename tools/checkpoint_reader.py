@@ -10,7 +10,8 @@ size, the shard header against the manifest's record of it (tensors and values),
 verifying, the manifest's XXH3-64, every tensor's and the whole file's. Every defect raises
 CheckpointError naming the file and the reason; nothing else escapes.
 
-Checksums need the `xxhash` module (Debian: python3-xxhash, installed by scripts/install-deps).
+Checksums need the `xxhash` module (`pip install xxhash`, or Debian's python3-xxhash;
+scripts/install-deps puts it in tandem's venv).
 verify=None (the default) verifies when it is importable; verify=True requires it.
 
 Library use:
@@ -38,7 +39,8 @@ from checkpoint_format import (DTYPES, INT64_MAX, MAX_MANIFEST, CheckpointError,
 MANIFEST = "manifest.json"
 CHUNK = 8 << 20
 STEP_RE = re.compile(r"step_([0-9]{10,19})")
-XXHASH_HINT = "install Debian's python3-xxhash (apt-get install python3-xxhash, or scripts/install-deps)"
+XXHASH_HINT = ("install the xxhash module (pip install xxhash, or apt-get install python3-xxhash; "
+               "scripts/install-deps puts it in tandem's venv)")
 
 
 def _xxh3(required):

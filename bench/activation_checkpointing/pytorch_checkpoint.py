@@ -1,9 +1,9 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch peer of bench_activation_checkpointing: the same model and step with torch.utils.checkpoint.
 
-Run on Debian's interpreter (/usr/bin/python3 with python3-torch 1.13):
+Run on the venv's interpreter (scripts/env.sh: the torch wheel tandem builds against):
 
-  /usr/bin/python3 bench/activation_checkpointing/pytorch_checkpoint.py --policy {none|every|sqrt}
+  python3 bench/activation_checkpointing/pytorch_checkpoint.py --policy {none|every|sqrt}
       [--memory {none|rss}] [--blocks 16] [--batch 4096] [--dim 128] [--steps N] [--warmup W]
       [--out FILE]
 
@@ -11,9 +11,10 @@ Model: `blocks` blocks y = x + fc2(silu(fc1(layer_norm(x)))) (fc1: dim -> 4*dim,
 dim) in an nn.Sequential; MSE loss; SGD lr 1e-3; torch.set_num_threads(1). Step = forward, loss,
 backward, optimizer step, zero_grad. Policies: none; every =
 torch.utils.checkpoint.checkpoint_sequential(model, blocks, x); sqrt = checkpoint_sequential(model,
-round(sqrt(blocks)), x) (PyTorch 1.13's reentrant checkpoint; the last segment runs unchecked).
-The reentrant checkpoint gives parameters no gradient unless an input requires grad, so the input
-requires grad under every policy (none included, for the same work).
+round(sqrt(blocks)), x), with use_reentrant=False (what PyTorch 2.x recommends and tandem's
+checkpoint does: autograd saved-tensor hooks; the last segment runs unchecked). The input requires
+grad under every policy, as it did when the reentrant checkpoint needed it, so the work is
+unchanged across policies.
 
 --memory rss: peak resident set size during each step (VmHWM after the step, reset through
 /proc/self/clear_refs before it) minus the resident size before it. Meaningful when glibc maps
@@ -75,7 +76,7 @@ def main():
     def forward():
         if segments == 0:
             return model(x)
-        return checkpoint_sequential(model, segments, x)
+        return checkpoint_sequential(model, segments, x, use_reentrant=False)
 
     step_ms, fwd_ms, bwd_ms, rss = [], [], [], []
     for s in range(args.warmup + args.steps):

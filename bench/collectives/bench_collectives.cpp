@@ -1,8 +1,11 @@
-// Allreduce bus bandwidth: tandem's Gloo communicator vs libtorch's c10d::ProcessGroupGloo.
+// Allreduce bus bandwidth of tandem's Gloo communicator. Its PyTorch peer, torch.distributed's
+// gloo backend, is bench/collectives/pytorch_allreduce.py (the same protocol, in Python: the wheel
+// ships no Gloo headers, so c10d::ProcessGroupGloo cannot be built against here);
+// scripts/bench collectives runs the two alternately in rounds and merges their JSON.
 //
 // One worker program, started on N ranks by the launcher (scripts/bench collectives does this):
 //   OMP_NUM_THREADS=1 tandemrun --standalone --nproc-per-node 2
-//       build/bin/bench_collectives --out FILE [--quick]
+//       build/bin/bench_collectives --out FILE [--quick] [--sizes B ...] [--repetitions R]
 //
 // Every rank connects
 //   tandem      tandem::init() with its defaults (it hosts/joins the c10d TCPStore): the world
@@ -10,8 +13,7 @@
 //               all ranks share this host, its allreduce goes through shared memory;
 //   tandem_tcp  (only when GlooOptions has `shared_memory`) connect_gloo() with
 //               shared_memory = false: libgloo's bcube/ring over loopback TCP, the like-for-like
-//               comparison with c10d;
-//   c10d        c10d::ProcessGroupGloo (Options::threads = 1) over a PrefixStore on the same store.
+//               comparison with torch.distributed's gloo backend.
 // For each size (float32, 4 KiB .. 256 MiB; 16 MiB in --quick) every implementation is checked
 // once for correctness on the same tensor, warmed up, then timed in interleaved repetitions: each
 // repetition runs the implementations in the next permutation of their order (so drift on a shared
@@ -28,9 +30,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/ops/empty.h>
 #include <CLI/CLI.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-#include <torch/version.h>
 
 #include <algorithm>
 #include <chrono>
@@ -287,7 +286,6 @@ void write_json(const std::string& path, const std::vector<Impl>& impls,
   auto ms = [](double v) { return fixed(v, 4); };
   auto gbps = [](double v) { return fixed(v, 3); };
   auto raw = [](const std::string& s) { return s; };
-  const size_t c10d = impls.size() - 1;  // c10d is always last
   std::vector<int64_t> sizes, iterations, warmups;
   for (const auto& r : results) {
     sizes.push_back(r.bytes);
@@ -296,8 +294,8 @@ void write_json(const std::string& path, const std::vector<Impl>& impls,
   }
   std::ostringstream o;
   o << "{\n"
-    << "  \"benchmark\": \"allreduce (sum) bus bandwidth, float32: tandem's Gloo communicator vs "
-       "c10d::ProcessGroupGloo\",\n"
+    << "  \"benchmark\": \"allreduce (sum) bus bandwidth, float32: tandem's Gloo communicator "
+       "(bench_collectives; its PyTorch peer is bench/collectives/pytorch_allreduce.py)\",\n"
     << "  \"command\": " << json_string(info.command) << ",\n"
     << "  \"worker_command\": " << json_string(info.worker_command) << ",\n"
     << "  \"revision\": " << json_string(info.revision) << ",\n"
@@ -311,8 +309,8 @@ void write_json(const std::string& path, const std::vector<Impl>& impls,
     << "  \"world_size\": " << info.world << ",\n"
     << "  \"threads_per_rank\": 1,\n"
     << "  \"threads_note\": \"per rank and implementation one thread runs the collective: "
-       "tandem's op thread, c10d::ProcessGroupGloo with Options::threads = 1; libgloo's TCP "
-       "event-loop thread comes with each TCP device; OMP_NUM_THREADS=1, at::set_num_threads(1)\",\n"
+       "tandem's op thread; libgloo's TCP event-loop thread comes with each TCP device; "
+       "OMP_NUM_THREADS=1, at::set_num_threads(1)\",\n"
     << "  \"unit\": \"busbw in GB/s (1e9 B/s) = bytes / time * 2(n-1)/n; *_ms = median over "
        "repetitions of the slowest rank's mean time per allreduce+wait\",\n"
     << "  \"implementations\": "
@@ -332,11 +330,6 @@ void write_json(const std::string& path, const std::vector<Impl>& impls,
     }
     o << "  \"" << impls[k].key << "_ms\": " << json_array(med, ms) << ",\n"
       << "  \"" << impls[k].key << "_busbw_gbps\": " << json_array(bw, gbps) << ",\n";
-  }
-  for (size_t k = 0; k < c10d; ++k) {
-    std::vector<double> ratio;  // busbw ratio = inverse time ratio
-    for (const auto& r : results) ratio.push_back(r.median_ms[c10d] / r.median_ms[k]);
-    o << "  \"" << impls[k].key << "_over_c10d\": " << json_array(ratio, gbps) << ",\n";
   }
   for (size_t k = 0; k < impls.size(); ++k) {
     std::vector<std::string> reps;
@@ -362,20 +355,17 @@ void write_json(const std::string& path, const std::vector<Impl>& impls,
 
 void print_table(const std::vector<Impl>& impls, const std::vector<SizeResult>& results,
                  const Settings& settings, const RunInfo& info) {
-  const size_t c10d = impls.size() - 1;
   std::printf("allreduce sum, float32, %d ranks on one host; busbw in GB/s, median of %d reps\n",
               info.world, settings.repetitions);
   for (const auto& impl : impls) std::printf("  %-11s %s\n", impl.key.c_str(), impl.transport.c_str());
   std::printf("%8s %6s", "size", "iters");
   for (const auto& impl : impls) std::printf(" %11s", impl.key.c_str());
-  for (size_t k = 0; k < c10d; ++k) std::printf(" %16s", (impls[k].key + "/c10d").c_str());
   std::printf("\n");
   for (const auto& r : results) {
     std::printf("%8s %6d", format_size(r.bytes).c_str(), r.iterations);
     for (size_t k = 0; k < impls.size(); ++k) {
       std::printf(" %11.3f", busbw_gbps(r.bytes, r.median_ms[k], info.world));
     }
-    for (size_t k = 0; k < c10d; ++k) std::printf(" %16.2f", r.median_ms[c10d] / r.median_ms[k]);
     std::printf("\n");
   }
   std::printf("busbw = bytes/time * 2(n-1)/n, GB/s = 1e9 B/s\n");
@@ -384,7 +374,9 @@ void print_table(const std::vector<Impl>& impls, const std::vector<SizeResult>& 
 }
 
 int run(int argc, char** argv) {
-  CLI::App app{"Allreduce bus bandwidth: tandem's Gloo communicator vs c10d::ProcessGroupGloo"};
+  CLI::App app{
+      "Allreduce bus bandwidth of tandem's Gloo communicator (the PyTorch peer is "
+      "bench/collectives/pytorch_allreduce.py)"};
   std::string out;
   bool quick = false;
   RunInfo info;
@@ -430,7 +422,8 @@ int run(int argc, char** argv) {
   }
   const bool tandem_on_shm = count_shm_mappings() > shm_before;
 
-  // The same libgloo path as c10d: tandem with shared memory turned off (when it exists).
+  // libgloo over loopback TCP, as torch.distributed's gloo: tandem with shared memory turned off
+  // (when the option exists).
   tandem::GlooOptions tcp_options;
   tcp_options.timeout = comm.timeout();
   tcp_options.hostname = "127.0.0.1";
@@ -439,13 +432,6 @@ int run(int argc, char** argv) {
   if (disable_shared_memory(tcp_options)) {
     tcp_comm = tandem::connect_gloo(dist.store, rank, world, tcp_options);
   }
-
-  auto pg_options = c10d::ProcessGroupGloo::Options::create(comm.timeout());
-  pg_options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  pg_options->threads = 1;
-  auto pg = c10::make_intrusive<c10d::ProcessGroupGloo>(
-      c10::make_intrusive<c10d::PrefixStore>("bench_collectives/c10d", dist.store), rank, world,
-      pg_options);
 
   const std::string gloo_algos = "libgloo over loopback TCP (bcube below 256 KiB, ring above)";
   std::vector<Impl> impls;
@@ -464,14 +450,6 @@ int run(int argc, char** argv) {
                        return t.numel() * static_cast<int64_t>(t.element_size());
                      }});
   }
-  impls.push_back({"c10d",
-                   "c10d::ProcessGroupGloo (libtorch " TORCH_VERSION
-                   ", threads = 1): libgloo ring over loopback TCP",
-                   [&pg](const at::Tensor& t) {
-                     std::vector<at::Tensor> tensors{t};
-                     pg->allreduce(tensors)->wait();
-                     return tensors[0].numel() * static_cast<int64_t>(tensors[0].element_size());
-                   }});
   const int n_impls = static_cast<int>(impls.size());
 
   auto barrier = [&] { comm.barrier()->wait(); };
@@ -557,7 +535,6 @@ int run(int argc, char** argv) {
     results.push_back(std::move(r));
   }
 
-  pg.reset();        // joins c10d's worker thread
   tcp_comm.reset();  // joins its op thread
   barrier();
   if (rank == 0) {

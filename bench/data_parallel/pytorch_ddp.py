@@ -1,10 +1,10 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """PyTorch peer of bench_data_parallel: the same model, batch and step, in Python.
 
-Run on Debian's interpreter (/usr/bin/python3 with python3-torch 1.13), one process per rank,
+Run on the venv's interpreter (scripts/env.sh), one process per rank,
 started by tandemrun (it sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT for env:// init):
 
-  tandemrun --standalone --nproc-per-node 2 /usr/bin/python3 bench/data_parallel/pytorch_ddp.py \
+  tandemrun --standalone --nproc-per-node 2 python3 bench/data_parallel/pytorch_ddp.py \
       --mode {local|ddp} --batch B --steps N [--warmup W] --out FILE
 
   local  each rank trains its own replica, no communication (both processes still run)

@@ -56,21 +56,12 @@ void restore_rng(const RngState& s) {
   }
 }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 void apply_autocast(const AutocastState& s) {
   at::autocast::set_autocast_enabled(at::kCPU, s.cpu_enabled);
   at::autocast::set_autocast_enabled(at::kCUDA, s.gpu_enabled);
   at::autocast::set_autocast_dtype(at::kCPU, s.cpu_dtype);
   at::autocast::set_autocast_dtype(at::kCUDA, s.gpu_dtype);
 }
-#else
-void apply_autocast(const AutocastState& s) {
-  at::autocast::set_cpu_enabled(s.cpu_enabled);
-  at::autocast::set_enabled(s.gpu_enabled);
-  at::autocast::set_autocast_cpu_dtype(s.cpu_dtype);
-  at::autocast::set_autocast_gpu_dtype(s.gpu_dtype);
-}
-#endif
 
 }  // namespace
 
@@ -86,7 +77,6 @@ RngState capture_rng(const std::vector<at::Tensor>& inputs) {
   return s;
 }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 4)
 AutocastState capture_autocast() {
   AutocastState s;
   s.cpu_enabled = at::autocast::is_autocast_enabled(at::kCPU);
@@ -95,16 +85,6 @@ AutocastState capture_autocast() {
   s.gpu_dtype = at::autocast::get_autocast_dtype(at::kCUDA);
   return s;
 }
-#else
-AutocastState capture_autocast() {
-  AutocastState s;
-  s.cpu_enabled = at::autocast::is_cpu_enabled();
-  s.gpu_enabled = at::autocast::is_enabled();
-  s.cpu_dtype = at::autocast::get_autocast_cpu_dtype();
-  s.gpu_dtype = at::autocast::get_autocast_gpu_dtype();
-  return s;
-}
-#endif
 
 RecomputeStateGuard::RecomputeStateGuard(const RngState& rng, const AutocastState& autocast)
     : caller_rng_(capture_like(rng)), caller_autocast_(capture_autocast()) {

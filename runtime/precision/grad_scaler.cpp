@@ -152,36 +152,27 @@ AutocastGuard::AutocastGuard(c10::DeviceType device, at::ScalarType dtype, bool 
       throw ConfigError(std::string("tandem: autocast on CPU runs in bfloat16 only, got ") +
                         c10::toString(dtype) + " (--set precision.autocast=bf16).");
     }
-    previous_enabled_ = at::autocast::is_cpu_enabled();
-    previous_dtype_ = at::autocast::get_autocast_cpu_dtype();
-    at::autocast::set_cpu_enabled(enabled);
-    if (enabled) at::autocast::set_autocast_cpu_dtype(dtype);
   } else if (device == c10::DeviceType::CUDA) {
     if (enabled && dtype != at::kHalf && dtype != at::kBFloat16) {
       throw ConfigError(std::string("tandem: autocast on CUDA runs in float16 or bfloat16, got ") +
                         c10::toString(dtype) + " (--set precision.autocast=fp16).");
     }
-    previous_enabled_ = at::autocast::is_enabled();
-    previous_dtype_ = at::autocast::get_autocast_gpu_dtype();
-    at::autocast::set_enabled(enabled);
-    if (enabled) at::autocast::set_autocast_gpu_dtype(dtype);
   } else {
     throw ConfigError(std::string("tandem: autocast supports CPU and CUDA, not ") +
                       c10::DeviceTypeName(device) + ".");
   }
+  previous_enabled_ = at::autocast::is_autocast_enabled(device);
+  previous_dtype_ = at::autocast::get_autocast_dtype(device);
+  at::autocast::set_autocast_enabled(device, enabled);
+  if (enabled) at::autocast::set_autocast_dtype(device, dtype);
   at::autocast::increment_nesting();
 }
 
 AutocastGuard::~AutocastGuard() {
   // The outermost autocast region frees its cache of casted weights.
   if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
-  if (device_ == c10::DeviceType::CPU) {
-    at::autocast::set_cpu_enabled(previous_enabled_);
-    at::autocast::set_autocast_cpu_dtype(previous_dtype_);
-  } else {
-    at::autocast::set_enabled(previous_enabled_);
-    at::autocast::set_autocast_gpu_dtype(previous_dtype_);
-  }
+  at::autocast::set_autocast_enabled(device_, previous_enabled_);
+  at::autocast::set_autocast_dtype(device_, previous_dtype_);
 }
 
 }  // namespace tandem

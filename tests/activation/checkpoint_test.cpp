@@ -429,16 +429,16 @@ TEST(ActivationCheckpoint, AutocastStateReplayedAndRestored) {
     auto x = x0.clone().requires_grad_(true);
     at::Tensor y;
     {
-      at::autocast::set_cpu_enabled(true);
-      at::autocast::set_autocast_cpu_dtype(at::kBFloat16);
+      at::autocast::set_autocast_enabled(at::kCPU, true);
+      at::autocast::set_autocast_dtype(at::kCPU, at::kBFloat16);
       y = ckpt ? activation_checkpoint([&](const at::Tensor& h) { return torch::relu(lin(h)); }, x)
                : torch::relu(lin(x));
-      at::autocast::set_cpu_enabled(false);
+      at::autocast::set_autocast_enabled(at::kCPU, false);
       at::autocast::clear_cache();
     }
     EXPECT_EQ(y.scalar_type(), at::kBFloat16);
     y.to(at::kFloat).pow(2).sum().backward();  // backward outside the autocast region
-    EXPECT_FALSE(at::autocast::is_cpu_enabled());
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
     Tensors g{x.grad().clone()};
     for (auto& t : grads_of(*lin)) g.push_back(t);
     return g;

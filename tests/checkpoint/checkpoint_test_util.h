@@ -124,8 +124,7 @@ inline std::map<std::string, at::Tensor> optimizer_snapshot(const std::vector<to
   for (size_t i = 0; i < opts.size(); ++i) {
     const auto& params = opts[i]->param_groups()[0].params();
     for (size_t j = 0; j < params.size(); ++j) {
-      const std::string key = c10::guts::to_string(params[j].unsafeGetTensorImpl());
-      const auto it = opts[i]->state().find(key);
+      const auto it = opts[i]->state().find(params[j].unsafeGetTensorImpl());
       if (it == opts[i]->state().end()) continue;
       const std::string p = "opt" + std::to_string(i) + ".p" + std::to_string(j) + ".";
       auto put = [&](const std::string& f, const at::Tensor& t) {

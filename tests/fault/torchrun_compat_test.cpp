@@ -1,8 +1,7 @@
-// The same training binary (tests/fault/fault_worker) under torchrun (Debian's python3-torch
-// 1.13, started through scripts/torchrun-compat, the Python 3.11 workaround) and under tandemrun:
-// same seed, same world size, same final parameter bytes; and torchrun's failure summary shows
-// the message tandem::run_main wrote to TORCHELASTIC_ERROR_FILE. Skips when python3-torch is
-// missing (ctest label `torchrun`).
+// The same training binary (tests/fault/fault_worker) under torchrun (the torch wheel's, from the
+// venv tandem is built against) and under tandemrun: same seed, same world size, same final
+// parameter bytes; and torchrun's failure summary shows the message tandem::run_main wrote to
+// TORCHELASTIC_ERROR_FILE (ctest label `torchrun`).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -49,13 +48,7 @@ int free_port() {
 class TorchrunCompatTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::access(TORCHRUN_COMPAT, X_OK) != 0 || ::access("/usr/bin/python3", X_OK) != 0)
-      GTEST_SKIP() << "torchrun not available (" TORCHRUN_COMPAT " or /usr/bin/python3 missing)";
-    TandemrunProcess probe({"/usr/bin/python3", "-c", "import torch.distributed.run"},
-                           clean_env(), /*through_tandemrun=*/false);
-    const RunResult r = probe.finish(60s);
-    if (r.timed_out || r.exit_code != 0)
-      GTEST_SKIP() << "python3-torch is not installed (apt-get install python3-torch): " << r.err;
+    ASSERT_EQ(::access(TORCHRUN, X_OK), 0) << TORCHRUN " is missing: run scripts/install-deps";
     char dir[] = "/tmp/tandem_torchrun_XXXXXX";
     ASSERT_NE(::mkdtemp(dir), nullptr);
     dir_ = dir;
@@ -78,11 +71,11 @@ class TorchrunCompatTest : public ::testing::Test {
   }
 
   RunResult torchrun(const std::string& name, const std::vector<std::string>& fault_env) {
-    // Not --standalone: torch 1.13 puts every standalone rendezvous on port 29400, so two
-    // torchruns at once (ctest -j) would join one rendezvous. c10d on a free port instead.
+    // A c10d rendezvous on a port of our own, so that two torchruns at once (ctest -j) never
+    // meet in one rendezvous.
     const int port = free_port();
     if (port == 0) ADD_FAILURE() << "no free port on 127.0.0.1";
-    std::vector<std::string> args{TORCHRUN_COMPAT, "--nnodes", "1", "--nproc_per_node", "2",
+    std::vector<std::string> args{TORCHRUN, "--nnodes", "1", "--nproc_per_node", "2",
                                   "--rdzv_backend", "c10d", "--rdzv_endpoint",
                                   "127.0.0.1:" + std::to_string(port), "--max_restarts", "0",
                                   "--monitor_interval", "0.1", "--no_python"};

@@ -1,6 +1,6 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """tandemrun --metrics-port (issue 19): a running 2-worker job (the fault-tolerant example: DDP,
-checkpoints, tandem's allocator installed) is scraped over HTTP with Debian's prometheus_client
+checkpoints, tandem's allocator installed) is scraped over HTTP with prometheus_client's
 parser; every promised family is there with sane values; the endpoint is on loopback only.
     test_metrics_endpoint.py TANDEMRUN TRAIN_FAULT_TOLERANT CONFIG"""
 import socket

@@ -1,7 +1,8 @@
-// Internal: lets Gloo's rendezvous use any c10d store (TCPStore, FileStore, HashStore, PrefixStore).
+// Internal: lets Gloo's rendezvous (through libtandem_gloo's GlooKeyValue seam) and the
+// shared-memory setup use any c10d store (TCPStore, FileStore, HashStore, PrefixStore).
 #pragma once
 
-#include <gloo/rendezvous/store.h>
+#include "collectives/gloo/gloo_mesh.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -10,7 +11,7 @@
 
 namespace tandem {
 
-class GlooStoreAdapter : public gloo::rendezvous::Store {
+class GlooStoreAdapter final : public detail::GlooKeyValue {
  public:
   // `what` names the rendezvous in errors, e.g. "rendezvous of 4 ranks under 'tandem/world'";
   // `world_size` lets a timeout name every absent rank, not only the one Gloo waited for.
@@ -18,9 +19,8 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
-  void wait(const std::vector<std::string>& keys) override;
   // Throws TimeoutError naming the keys (ranks) that never appeared.
-  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -1,9 +1,10 @@
 // GlooCommunicator: connection (rendezvous through the store, shared-memory all-reduce), the op
 // queue every collective runs on, failure state, and sub-groups. The collectives are in
 // gloo_collectives.cpp, send/recv in gloo_p2p.cpp.
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 
-#include "collectives/gloo_store_adapter.h"
+#include "collectives/gloo/gloo_library.h"
+#include "collectives/gloo/gloo_store_adapter.h"
 #include "collectives/shm_collectives.h"
 #include "collectives/tensor_checks.h"
 
@@ -11,8 +12,6 @@
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
 
-#include <gloo/rendezvous/context.h>
-#include <gloo/transport/tcp/device.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <ATen/ops/empty.h>
@@ -44,22 +43,7 @@ std::shared_ptr<Communicator> connect_gloo(const c10::intrusive_ptr<c10d::Store>
                       "); check RANK and WORLD_SIZE.");
   }
   if (!store) throw ConfigError("tandem: connect_gloo: store is null");
-  gloo::transport::tcp::attr attr;
-  if (!options.interface.empty()) {
-    attr.iface = options.interface;
-  } else {
-    attr.hostname = options.hostname;
-  }
-  std::shared_ptr<gloo::transport::Device> device;
-  try {
-    device = gloo::transport::tcp::CreateDevice(attr);
-  } catch (const std::exception& e) {
-    throw CommError("tandem: cannot open a TCP device on " +
-                    (options.interface.empty() ? "host '" + options.hostname + "'"
-                                               : "interface '" + options.interface + "'") +
-                    ": " + e.what() + ". Set GlooOptions::hostname/interface to an address of this "
-                    "machine that the other ranks can reach.");
-  }
+  auto device = detail::open_gloo_device(options.interface, options.hostname);
   std::vector<int> ranks(size);
   for (int i = 0; i < size; ++i) ranks[i] = i;
   return std::make_shared<GlooCommunicator>(store, std::move(device),
@@ -68,7 +52,7 @@ std::shared_ptr<Communicator> connect_gloo(const c10::intrusive_ptr<c10d::Store>
 }
 
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                                   std::shared_ptr<gloo::transport::Device> device,
+                                   std::shared_ptr<detail::GlooDevice> device,
                                    std::string prefix, int rank, std::vector<int> world_ranks,
                                    GlooOptions options)
     : store_(std::move(store)),
@@ -77,15 +61,13 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
       rank_(rank),
       world_ranks_(std::move(world_ranks)),
       options_(std::move(options)) {
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank_, size());
-  context->setTimeout(options_.timeout);
   GlooStoreAdapter adapter(c10::make_intrusive<c10d::PrefixStore>(prefix_, store_),
                            "rendezvous of " + std::to_string(size()) + " ranks under '" +
                                prefix_ + "' (this is world rank " +
                                std::to_string(world_ranks_[rank_]) + ")",
                            size());
   try {
-    context->connectFullMesh(adapter, device_);
+    mesh_ = device_->connect(adapter, rank_, size(), options_.timeout);
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {
@@ -93,7 +75,6 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
                     "' failed: " + e.what() +
                     ". Check that the ranks can reach each other (GlooOptions::hostname).");
   }
-  context_ = std::move(context);
   // Collective like the rendezvous above: every rank reaches the same answer.
   if (auto channel = connect_shm_channel(store_, prefix_, rank_, world_ranks_, options_)) {
     shm_ = std::make_unique<ShmCollectives>(std::move(channel));
@@ -122,15 +103,7 @@ void GlooCommunicator::abort(const std::string& reason) {
   mark_broken("aborted: " + reason);
   FlightRecorder::instance().dump("abort");
   if (shm_) shm_->abort();
-  for (int i = 0; i < size(); ++i) {
-    if (i == rank_) continue;
-    try {
-      auto& pair = context_->getPair(i);
-      if (pair) pair->close();
-    } catch (const std::exception&) {
-      // Closing is best effort: a pair that failed already is closed.
-    }
-  }
+  mesh_->close();
 }
 
 OpDescription GlooCommunicator::describe(const char* name, std::string detail, bool p2p) {

@@ -1,4 +1,4 @@
-#include "collectives/gloo_store_adapter.h"
+#include "collectives/gloo/gloo_store_adapter.h"
 
 #include <tandem/base/errors.h>
 
@@ -19,10 +19,6 @@ std::vector<char> GlooStoreAdapter::get(const std::string& key) {
   return std::vector<char>(value.begin(), value.end());
 }
 
-void GlooStoreAdapter::wait(const std::vector<std::string>& keys) {
-  wait(keys, store_->getTimeout());
-}
-
 namespace {
 
 // Gloo publishes one key per rank whose name ends in the rank number ("3", "rank_3"): the
@@ -36,7 +32,7 @@ size_t rank_suffix_length(const std::string& key) {
 }  // namespace
 
 void GlooStoreAdapter::wait(const std::vector<std::string>& keys,
-                            const std::chrono::milliseconds& timeout) {
+                            std::chrono::milliseconds timeout) {
   try {
     store_->wait(keys, timeout);
   } catch (const std::exception& e) {

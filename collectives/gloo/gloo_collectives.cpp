@@ -1,6 +1,6 @@
 // GlooCommunicator's collectives (all-reduce, broadcast, all-gather, reduce-scatter, barrier):
 // checked and numbered on the caller's thread, run on the op thread (gloo_communicator.cpp).
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 
 #include "collectives/reduce_kernels.h"
 #include "collectives/shm_collectives.h"
@@ -8,13 +8,6 @@
 
 #include <tandem/base/errors.h>
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/types.h>
-
-#include <type_traits>
 
 namespace tandem {
 
@@ -23,27 +16,11 @@ namespace {
 using detail::contiguous_view;
 using detail::copy_back;
 
-// Slot prefix of tandem's own reduce-scatter; Gloo's collectives use 0x01..0x08.
-constexpr uint8_t kReduceScatterSlotPrefix = 0x21;
+// Slot prefix of tandem's own reduce-scatter; Gloo's collectives use 0x01..0x08. A slot is the
+// prefix in the top byte and the tag below (Gloo's Slot::build).
+constexpr uint64_t kReduceScatterSlotPrefix = 0x21;
 
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
-
-// Gloo's typed setters only use sizeof(T): pick an unsigned type of the element's width.
-template <class Setter>
-void with_element_type(size_t element_size, Setter&& set) {
-  switch (element_size) {
-    case 1: set(static_cast<uint8_t*>(nullptr)); break;
-    case 2: set(static_cast<uint16_t*>(nullptr)); break;
-    case 4: set(static_cast<uint32_t*>(nullptr)); break;
-    case 8: set(static_cast<uint64_t*>(nullptr)); break;
-    default: throw CommError("tandem: unsupported element size " + std::to_string(element_size));
-  }
-}
-
-template <class T>
-T* typed(const at::Tensor& t) {
-  return static_cast<T*>(t.data_ptr());
-}
 
 }  // namespace
 
@@ -64,18 +41,9 @@ WorkPtr GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
       return;
     }
     if (size() > 1) {
-      gloo::AllreduceOptions opts(context_);
-      with_element_type(buf.element_size(), [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        opts.setOutput<T>(typed<T>(buf), buf.numel());
-      });
-      opts.setReduceFunction(fn);
-      opts.setTag(tag);
-      opts.setTimeout(options_.timeout);
       const bool small = nbytes < options_.ring_threshold_bytes && is_power_of_two(size());
-      opts.setAlgorithm(small ? gloo::AllreduceOptions::Algorithm::BCUBE
-                              : gloo::AllreduceOptions::Algorithm::RING);
-      gloo::allreduce(opts);
+      mesh_->allreduce(buf.data_ptr(), buf.numel(), buf.element_size(), fn, small, tag,
+                       options_.timeout);
     }
     if (op == ReduceOp::kAvg) buf.div_(size());
     copy_back(tensor, buf);
@@ -105,15 +73,7 @@ WorkPtr GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
   return enqueue(std::move(d), [this, tensor, root, tag] {
     if (tensor.numel() == 0 || size() == 1) return;
     at::Tensor buf = contiguous_view(tensor);
-    gloo::BroadcastOptions opts(context_);
-    with_element_type(buf.element_size(), [&](auto* type) {
-      using T = std::remove_pointer_t<decltype(type)>;
-      opts.setOutput<T>(typed<T>(buf), buf.numel());
-    });
-    opts.setRoot(root);
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout);
-    gloo::broadcast(opts);
+    mesh_->broadcast(buf.data_ptr(), buf.nbytes(), root, tag, options_.timeout);
     if (rank_ != root) copy_back(tensor, buf);
   });
 }
@@ -138,15 +98,7 @@ WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& 
     } else if (size() == 1) {
       out.view(in.sizes()).copy_(in);
     } else {
-      gloo::AllgatherOptions opts(context_);
-      with_element_type(in.element_size(), [&](auto* type) {
-        using T = std::remove_pointer_t<decltype(type)>;
-        opts.setInput<T>(typed<T>(in), in.numel());
-        opts.setOutput<T>(typed<T>(out), out.numel());
-      });
-      opts.setTag(tag);
-      opts.setTimeout(options_.timeout);
-      gloo::allgather(opts);
+      mesh_->allgather(in.data_ptr(), out.data_ptr(), in.nbytes(), tag, options_.timeout);
     }
     copy_back(output, out);
   });
@@ -191,11 +143,11 @@ void GlooCommunicator::ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, 
   if (p > 1) {
     const ReduceFn fn = reduce_kernel(buffer.scalar_type(), op);
     at::Tensor incoming = buffer.new_empty({n});
-    auto send_buf = context_->createUnboundBuffer(base, chunk_bytes * p);
-    auto recv_buf = context_->createUnboundBuffer(incoming.data_ptr(), chunk_bytes);
+    auto send_buf = mesh_->buffer(base, chunk_bytes * p);
+    auto recv_buf = mesh_->buffer(incoming.data_ptr(), chunk_bytes);
     const int right = (rank_ + 1) % p;
     const int left = (rank_ + p - 1) % p;
-    const uint64_t slot = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+    const uint64_t slot = (kReduceScatterSlotPrefix << 56) | tag;
     auto chunk = [p](int c) { return ((c % p) + p) % p; };
     // Step s: pass chunk (r-s-1) right, fold chunk (r-s-2) from the left into ours. After p-1
     // steps chunk r holds the full reduction.
@@ -204,10 +156,10 @@ void GlooCommunicator::ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, 
       const int recv_chunk = chunk(rank_ - s - 2);
       send_buf->send(right, slot, send_chunk * chunk_bytes, chunk_bytes);
       recv_buf->recv(left, slot, 0, chunk_bytes);
-      if (!recv_buf->waitRecv(options_.timeout)) throw CommError("receive aborted");
+      if (!recv_buf->wait_recv(options_.timeout)) throw CommError("receive aborted");
       char* dst = base + recv_chunk * chunk_bytes;
       fn(dst, dst, incoming.data_ptr(), static_cast<size_t>(n));
-      if (!send_buf->waitSend(options_.timeout)) throw CommError("send aborted");
+      if (!send_buf->wait_send(options_.timeout)) throw CommError("send aborted");
     }
   }
   out.copy_(buffer.narrow(0, rank_ * n, n).view(out.sizes()));
@@ -218,10 +170,7 @@ WorkPtr GlooCommunicator::barrier() {
   const uint32_t tag = static_cast<uint32_t>(d.seq);
   return enqueue(std::move(d), [this, tag] {
     if (size() == 1) return;
-    gloo::BarrierOptions opts(context_);
-    opts.setTag(tag);
-    opts.setTimeout(options_.timeout);
-    gloo::barrier(opts);
+    mesh_->barrier(tag, options_.timeout);
   });
 }
 

@@ -1,16 +1,15 @@
 // Internal: the Gloo implementation behind connect_gloo(), in three files: connection, op queue
 // and groups (gloo_communicator.cpp), collectives (gloo_collectives.cpp), point-to-point
-// (gloo_p2p.cpp).
+// (gloo_p2p.cpp). Gloo itself is reached through the GlooMesh seam (gloo_mesh.h): its headers
+// and symbols stay inside libtandem_gloo.so.
 #pragma once
 
 #include "base/serial_executor.h"
 #include "collectives/async_work.h"
+#include "collectives/gloo/gloo_mesh.h"
 
 #include <tandem/collectives/gloo_communicator.h>
 
-#include <gloo/context.h>
-#include <gloo/transport/device.h>
-#include <gloo/transport/unbound_buffer.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <atomic>
@@ -39,7 +38,7 @@ void copy_back(const at::Tensor& target, const at::Tensor& buffer);
 struct GlooP2PState {
   at::Tensor target;   // the caller's tensor
   at::Tensor staging;  // contiguous buffer the transport reads/writes (may be `target`)
-  std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+  std::unique_ptr<detail::GlooBuffer> buffer;
   bool is_send = false;
   std::atomic<bool> waited{false};
   std::exception_ptr error;
@@ -50,7 +49,7 @@ class GlooCommunicator final : public Communicator,
  public:
   // Connects through `store` under `prefix`; `world_ranks[i]` is group rank i's world rank.
   GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                   std::shared_ptr<gloo::transport::Device> device, std::string prefix, int rank,
+                   std::shared_ptr<detail::GlooDevice> device, std::string prefix, int rank,
                    std::vector<int> world_ranks, GlooOptions options);
   ~GlooCommunicator() override;
 
@@ -97,12 +96,12 @@ class GlooCommunicator final : public Communicator,
   void ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, ReduceOp op, uint32_t tag);
 
   const c10::intrusive_ptr<c10d::Store> store_;
-  std::shared_ptr<gloo::transport::Device> device_;  // non-const: Gloo takes it by reference
+  const std::shared_ptr<detail::GlooDevice> device_;
   const std::string prefix_;
   const int rank_;
   const std::vector<int> world_ranks_;
   const GlooOptions options_;
-  std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<detail::GlooMesh> mesh_;
   // Allreduce, reduce-scatter and all-gather through shared memory when every rank is on this
   // host (null: Gloo).
   std::unique_ptr<ShmCollectives> shm_;

@@ -1,6 +1,6 @@
 // GlooCommunicator's send/recv: posted at once on the caller's thread (Gloo's unbound buffers),
 // completed by waiting on the Work.
-#include "collectives/gloo_communicator.h"
+#include "collectives/gloo/gloo_communicator.h"
 
 #include "collectives/tensor_checks.h"
 
@@ -50,8 +50,8 @@ class GlooP2PWork : public Work {
     if (timeout == kDefaultTimeout) timeout = default_timeout_;
     try {
       if (state_->buffer) {
-        const bool ok = state_->is_send ? state_->buffer->waitSend(timeout)
-                                        : state_->buffer->waitRecv(timeout);
+        const bool ok = state_->is_send ? state_->buffer->wait_send(timeout)
+                                        : state_->buffer->wait_recv(timeout);
         if (!ok) throw CommError("the communicator was aborted");
       }
       if (!state_->is_send) copy_back(state_->target, state_->staging);
@@ -124,12 +124,12 @@ WorkPtr GlooCommunicator::post_p2p(const at::Tensor& tensor, int peer, uint32_t 
     // Posting under the lock makes the posting order the issue order.
     std::lock_guard<std::mutex> lock(mutex_);
     if (nbytes > 0) {
-      state->buffer = context_->createUnboundBuffer(state->staging.data_ptr(), nbytes);
+      state->buffer = mesh_->buffer(state->staging.data_ptr(), nbytes);
       const uint64_t slot = p2p_slot(tag, nbytes);
       if (is_send) {
-        state->buffer->send(peer, slot);
+        state->buffer->send(peer, slot, 0, nbytes);
       } else {
-        state->buffer->recv(peer, slot);
+        state->buffer->recv(peer, slot, 0, nbytes);
       }
     }
     p2p_in_flight_.erase(std::remove_if(p2p_in_flight_.begin(), p2p_in_flight_.end(),
