@@ -1,7 +1,28 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Driver of scripts/bench-sharded (which builds the programs and sets SHB_*): runs every mode in
 rounds under tandemrun, takes medians, checks the goals of issue 17, prints a table and writes
-bench/results/sharded.json. See scripts/bench-sharded for what each mode is."""
+bench/results/sharded.json. See scripts/bench-sharded for what each mode is.
+
+The PyTorch peers (bench/sharded/pytorch_zero.py: DDP, DDP + ZeroRedundancyOptimizer, FSDP2) run on
+$SHB_PYTHON, the venv's python, in the same rounds as tandem's modes, with the same model, batch,
+warm-up and timed steps; their results sit under "pytorch" in the JSON (FSDP2: pytorch.fsdp2).
+Their collectives run through Gloo (TCP on loopback), the stages' through tandem's shared memory.
+
+peak_bytes, the same quantity on both sides: the bytes libtorch's CPU allocator holds (every CPU
+tensor's storage, whichever thread allocates it; not Gloo's or Python's own buffers) at its highest
+during a step (zero_grad + forward + loss, backward, optimizer step; peak_by_phase_bytes per phase),
+the largest over a run's measured steps, the larger of the two ranks', the median over rounds.
+  - tandem's modes (bench_sharded): tandem's host allocator is installed as libtorch's CPU
+    allocator before any tensor exists; its allocated-bytes peak (block sizes after tandem's
+    rounding) is reset at each phase start and read at its end, over the timed steps.
+  - the PyTorch peers: c10's default CPU allocator, which counts the same storages (requested
+    sizes): its FLAGS_caffe2_report_cpu_memory_usage is set before any tensor exists, and over
+    as many extra steps as there are timed steps (run after the warm-up, from a copy of the training
+    state that is then copied back, so the timed steps are unchanged) it logs the bytes it holds
+    after every allocation and free; the peer takes each phase's highest. Tracking is off during
+    the timed steps.
+state_bytes on both sides: parameters + gradients + AdamW's exp_avg and exp_avg_sq held by a rank
+between steps (sharded tensors by their local shards)."""
 import json
 import os
 import platform
@@ -43,7 +64,7 @@ foreign = []  # per run: CPU used by other processes, in cores (busy CPU not our
 def launch(mode, out):
     argv = [tandemrun, "--standalone", "--nproc-per-node", str(N)]
     if mode.startswith("pytorch_"):
-        argv += [python, peer, "--mode", mode[len("pytorch_"):]]
+        argv += [python, peer, "--mode", mode[len("pytorch_"):], "--memory-steps", str(steps)]
     else:
         argv += [bench, "--mode", mode]
     argv += ["--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps), "--out", out]
@@ -76,21 +97,9 @@ load_start = loadavg()
 if load_start[0] > 0.5:
     print("bench-sharded: warning: load average %.2f before the run: other work shares the cores, "
           "figures will be noisy" % load_start[0])
-modes = ["ddp", "zero1", "zero2", "zero3", "comm", "pytorch_ddp", "pytorch_zero"]
-runs = {}
+modes = ["ddp", "zero1", "zero2", "zero3", "comm", "pytorch_ddp", "pytorch_zero", "pytorch_fsdp2"]
 load_rounds = []
 with tempfile.TemporaryDirectory() as tmp:
-    # FSDP: tried once; a peer in the rounds only if python3-torch runs it on CPU.
-    argv, p = launch("pytorch_fsdp", os.path.join(tmp, "fsdp.json"))
-    fsdp_error = next((l.split("FSDP unavailable:", 1)[1].strip() for l in p.stdout.splitlines()
-                       if "FSDP unavailable:" in l), None)
-    if p.returncode == 0:
-        modes.append("pytorch_fsdp")
-        fsdp = {"status": "ran", "torch": None}
-    else:
-        fsdp = {"status": "unavailable", "command": " ".join(argv[4:]),
-                "error": fsdp_error or p.stdout.strip().splitlines()[-1:]}
-        print("pytorch FSDP: unavailable (%s)" % fsdp["error"])
     runs = {m: [] for m in modes}
     for r in range(rounds):
         order = modes[r % len(modes):] + modes[:r % len(modes)]
@@ -161,25 +170,71 @@ z3["peak_bound_note"] = ("16/N bytes per parameter + 2 units' full parameters + 
                          "full gradients (%d bytes); the measured peak also holds the model's "
                          "activations and the batch; default options (sharding.backward_prefetch = "
                          "post)" % unit)
+PHASES = ("forward", "backward", "optimizer")
+
+
+def med_or_none(m, key):
+    """The median over rounds, or None where a run has no figure (the peer's peak_error says why)."""
+    values = [x.get(key) for x in runs[m]]
+    return None if any(v is None for v in values) else int(statistics.median(values))
+
+
+def peer_memory(m):
+    """A PyTorch peer's training state and allocator peak (see the docstring), medians over rounds."""
+    e = {k: med_or_none(m, k) for k in ("state_bytes", "parameter_bytes", "gradient_bytes",
+                                         "optimizer_state_bytes", "peak_bytes")}
+    e["peak_by_phase_bytes"] = {k: med_or_none(m, "peak_%s_bytes" % k) for k in PHASES}
+    e["allocated_between_steps_bytes"] = med_or_none(m, "allocated_between_steps_bytes")
+    e["runs_peak_bytes"] = [x.get("peak_bytes") for x in runs[m]]
+    errors = sorted({x["peak_error"] for x in runs[m] if x.get("peak_error")})
+    if errors:
+        e["peak_error"] = "; ".join(errors)
+    return e
+
+
 zro = med("pytorch_zero")
+fs2 = med("pytorch_fsdp2")
 result["zero_redundancy_optimizer_ms"] = round(zro, 3)
+pzero = {
+    "step_ms": round(zro, 3),
+    "state_bytes": int(med("pytorch_zero", "state_bytes")),
+    "optimizer_state_bytes": int(med("pytorch_zero", "optimizer_state_bytes")),
+    "phases_ms": {k: round(med("pytorch_zero", k + "_ms"), 3) for k in PHASES},
+    "final_loss": runs["pytorch_zero"][-1]["final_loss"],
+}
+for k, v in peer_memory("pytorch_zero").items():
+    pzero.setdefault(k, v)
+fsdp2 = {
+    "step_ms": round(fs2, 3),
+    "peak_bytes": med_or_none("pytorch_fsdp2", "peak_bytes"),
+}
+for k, v in peer_memory("pytorch_fsdp2").items():
+    fsdp2.setdefault(k, v)
+fsdp2.update({
+    "phases_ms": {k: round(med("pytorch_fsdp2", k + "_ms"), 3) for k in PHASES},
+    "zero3_step_to_fsdp2": round(z3["step_ms"] / fs2, 4),
+    "zero3_step_to_fsdp2_median_of_rounds": round(statistics.median(
+        a["step_ms"] / b["step_ms"] for a, b in zip(runs["zero3"], runs["pytorch_fsdp2"])), 4),
+    "zero3_peak_to_fsdp2": round(z3["peak_bytes"] / fsdp2["peak_bytes"], 4) if fsdp2["peak_bytes"] else None,
+    "final_loss": runs["pytorch_fsdp2"][-1]["final_loss"],
+    "runs_step_ms": [x["step_ms"] for x in runs["pytorch_fsdp2"]],
+    "options": runs["pytorch_fsdp2"][0].get("options", ""),
+    "memory_steps": runs["pytorch_fsdp2"][0].get("memory_steps"),
+    "torch": runs["pytorch_fsdp2"][0]["torch"],
+})
 result["pytorch"] = {
     "ddp_ms": round(med("pytorch_ddp"), 3),
-    "zero_redundancy_optimizer": {
-        "step_ms": round(zro, 3),
-        "state_bytes": int(med("pytorch_zero", "state_bytes")),
-        "optimizer_state_bytes": int(med("pytorch_zero", "optimizer_state_bytes")),
-        "phases_ms": {k: round(med("pytorch_zero", k + "_ms"), 3) for k in ("forward", "backward", "optimizer")},
-        "final_loss": runs["pytorch_zero"][-1]["final_loss"],
-    },
-    "ddp_phases_ms": {k: round(med("pytorch_ddp", k + "_ms"), 3) for k in ("forward", "backward", "optimizer")},
+    "zero_redundancy_optimizer": pzero,
+    "ddp_phases_ms": {k: round(med("pytorch_ddp", k + "_ms"), 3) for k in PHASES},
+    "ddp_memory": peer_memory("pytorch_ddp"),
+    "fsdp2": fsdp2,
     "torch": runs["pytorch_zero"][0]["torch"],
     "python": runs["pytorch_zero"][0]["python"],
-    "fsdp": fsdp,
+    "peak_note": ("peak_bytes: c10's CPU allocator's bytes held at its highest in a step (its "
+                  "FLAGS_caffe2_report_cpu_memory_usage log over %d extra steps after the warm-up, "
+                  "the training state restored before the timed steps), the same storages tandem's "
+                  "allocator counts for the stages' peak_bytes" % steps),
 }
-if "pytorch_fsdp" in runs:
-    fsdp["step_ms"] = round(med("pytorch_fsdp"), 3)
-    fsdp["torch"] = runs["pytorch_fsdp"][0]["torch"]
 comm = {
     "buckets": runs["comm"][0]["units"],
     "allreduce_ms": round(med("comm", "allreduce_ms"), 3),
@@ -220,6 +275,8 @@ for m, limit in (("zero1", 1.05), ("zero2", 1.05), ("zero3", 1.3)):
 r = result["zero1"]["step_ms"] / zro
 goals.append(goal("zero1 step time < ZeroRedundancyOptimizer's", r, "ratio < 1", r < 1,
                   result["zero1"]["step_ms"], round(zro, 3)))
+r = z3["step_ms"] / fs2
+goals.append(goal("zero3 step time <= PyTorch FSDP2's", r, "ratio <= 1", r <= 1, z3["step_ms"], round(fs2, 3)))
 result["goals"] = goals
 result["machine"] = {
     "cores": os.cpu_count(),
@@ -237,10 +294,13 @@ result["machine"] = {
 result["setup"] = (
     "2 ranks (tandemrun --standalone --nproc-per-node 2), 1 compute thread per rank; model "
     "Linear(1024,2048), ReLU, 3 x (Linear(2048,2048), ReLU), Linear(2048,1024) = %d fp32 parameters, "
-    "each Linear a ShardedUnit; MSE; AdamW lr 1e-3 weight decay 0.01; batch %d per rank; %d warm-up + "
+    "each Linear a ShardedUnit (PyTorch FSDP2: fully_shard on each Linear, then on the root, gloo, "
+    "default options); MSE; AdamW lr 1e-3 weight decay 0.01; batch %d per rank; %d warm-up + "
     "%d timed steps per run; step = zero_grad + forward + loss + backward + optimizer step. Memory: "
     "tandem's host allocator installed as libtorch's CPU allocator; peak_bytes = its peak allocated "
-    "bytes over the timed steps (reset after the warm-up); state_bytes = parameters + gradients "
+    "bytes over the timed steps (reset after the warm-up; the PyTorch peers: c10's CPU allocator's "
+    "bytes held, from its allocation log over as many extra steps, see pytorch.peak_note); "
+    "state_bytes = parameters + gradients "
     "(ShardedDataParallel::memory_use, or the model's tensors under DDP) + AdamW's exp_avg and "
     "exp_avg_sq, held between steps. Phases: forward includes the stage 1-2 all-gather of the "
     "stepped shards (gather_wait) and stage 3's gathers; backward includes the wait for the last "
@@ -265,19 +325,34 @@ for m, e in rows:
         e["state_bytes"] / MiB, e["theory_state_bytes"] / MiB, e["state_to_theory"], e["peak_bytes"] / MiB,
         e["step_ms"], e["step_to_ddp"], e["phases_ms"]["forward"], e["phases_ms"]["backward"],
         e["phases_ms"]["optimizer"], e["phases_ms"]["gather_wait"], e["phases_ms"]["reduce_wait"]))
-pz = result["pytorch"]["zero_redundancy_optimizer"]
-print("pytorch DDP + AdamW %.2f ms; DDP + ZeroRedundancyOptimizer(AdamW) %.2f ms (state %.1f MiB; "
-      "forward %.2f, backward %.2f, optimizer %.2f); FSDP: %s" % (
-          result["pytorch"]["ddp_ms"], zro, pz["state_bytes"] / MiB, pz["phases_ms"]["forward"],
-          pz["phases_ms"]["backward"], pz["phases_ms"]["optimizer"],
-          "%.2f ms" % fsdp["step_ms"] if "step_ms" in fsdp else "unavailable (%s)" % fsdp["error"]))
+
+
+def mib(v, width):
+    return "%*.1f" % (width, v / MiB) if v is not None else "%*s" % (width, "-")
+
+
+pt = result["pytorch"]
+pd = dict(pt["ddp_memory"], step_ms=pt["ddp_ms"], phases_ms=pt["ddp_phases_ms"])
+for name, e in (("pt ddp", pd), ("pt zro", pt["zero_redundancy_optimizer"]), ("fsdp2", fsdp2)):
+    print("%-6s %s %s %s %s %10s %8s %s %9.2f %8.3f %9.2f %9.2f %9.2f %9s" % (
+        name, mib(e["parameter_bytes"], 9), mib(e["gradient_bytes"], 9), mib(e["optimizer_state_bytes"], 9),
+        mib(e["state_bytes"], 10), "-", "-", mib(e["peak_bytes"], 10), e["step_ms"], e["step_ms"] / ddp_ms,
+        e["phases_ms"]["forward"], e["phases_ms"]["backward"], e["phases_ms"]["optimizer"], "-"))
+print("pt ddp / pt zro / fsdp2: PyTorch %s DDP + AdamW, DDP + ZeroRedundancyOptimizer(AdamW), FSDP2 "
+      "(fully_shard per Linear) + AdamW, all over gloo; x DDP is against tandem's DDP" % pt["torch"])
+print("zero3 against FSDP2: step %.2f / %.2f ms = %.3f (median of the rounds' ratios %.3f); peak %s / %s MiB" % (
+    z3["step_ms"], fsdp2["step_ms"], fsdp2["zero3_step_to_fsdp2"], fsdp2["zero3_step_to_fsdp2_median_of_rounds"],
+    mib(z3["peak_bytes"], 0), mib(fsdp2["peak_bytes"], 0)))
+if any("peak_error" in e for e in (pd, pt["zero_redundancy_optimizer"], fsdp2)):
+    print("PyTorch peaks unavailable: %s" % "; ".join(
+        e["peak_error"] for e in (pd, pt["zero_redundancy_optimizer"], fsdp2) if "peak_error" in e))
 print("collectives alone, one step's buckets (%d, %.0f MiB, shared memory): all-reduce %.2f ms; "
       "reduce-scatter %.2f ms + all-gather %.2f ms = %.2fx" % (
           comm["buckets"], 4 * P / MiB, comm["allreduce_ms"], comm["reduce_scatter_ms"], comm["allgather_ms"],
           comm["reduce_scatter_plus_allgather_to_allreduce"]))
 print("peak by phase (forward / backward / optimizer, MiB): " + "; ".join(
-    "%s %.1f / %.1f / %.1f" % ((m,) + tuple(e["peak_by_phase_bytes"][k] / MiB for k in ("forward", "backward", "optimizer")))
-    for m, e in rows))
+    "%s %s / %s / %s" % ((m,) + tuple(mib(e["peak_by_phase_bytes"][k], 0) for k in PHASES))
+    for m, e in rows + [("fsdp2", fsdp2)]))
 tb = comm["temporary_bytes_on_the_largest_bucket"]
 print("memory a collective allocates for itself on the largest bucket (%.1f MiB): all-reduce %.1f MiB, "
       "reduce-scatter %.1f MiB, all-gather %.1f MiB" % (
