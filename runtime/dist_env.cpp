@@ -108,6 +108,8 @@ DistEnv DistEnv::from_env(const Lookup& lookup) {
   env.restart_count = parse_int(lookup, "TORCHELASTIC_RESTART_COUNT", 0);
   env.run_id = parse_string(lookup, "TORCHELASTIC_RUN_ID", "");
   env.error_file = parse_string(lookup, "TORCHELASTIC_ERROR_FILE", "");
+  const std::string agent_store = parse_string(lookup, "TORCHELASTIC_USE_AGENT_STORE", "");
+  env.agent_store = agent_store == "True" || agent_store == "true" || agent_store == "1";
   if (env.world_size > 1) {
     for (const char* required : {"MASTER_ADDR", "MASTER_PORT"}) {
       const char* v = lookup(required);

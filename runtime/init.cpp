@@ -77,7 +77,9 @@ c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
   if (env.world_size == 1) return c10::make_intrusive<c10d::HashStore>();
   c10d::TCPStoreOptions store_options;
   store_options.port = static_cast<uint16_t>(env.master_port);
-  store_options.isServer = env.rank == 0;
+  // Rank 0 hosts the store, unless the launcher's agent serves it already (torchrun 2.x).
+  const bool host = env.rank == 0 && !env.agent_store;
+  store_options.isServer = host;
   store_options.numWorkers = env.world_size;
   store_options.waitWorkers = false;
   store_options.timeout = o.timeout;
@@ -88,7 +90,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
                         std::to_string(o.timeout.count()) + " ms (" + what +
                         "). Is rank 0 running, and is MASTER_ADDR reachable from this host?");
   };
-  if (env.rank != 0) {
+  if (!host) {
     // The wait and the client's connect share one timeout (each took all of it before).
     const auto deadline = std::chrono::steady_clock::now() + o.timeout;
     if (!wait_for_store_listener(env.master_addr, env.master_port, deadline))
@@ -103,7 +105,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
     return store;
   } catch (const std::exception& e) {
     const std::string what = e.what();
-    if (env.rank == 0 && (what.find("in use") != std::string::npos ||
+    if (host && (what.find("in use") != std::string::npos ||
                           what.find("EADDRINUSE") != std::string::npos ||
                           what.find("bind") != std::string::npos)) {
       throw ConfigError("tandem: rank 0 cannot host the rendezvous store on port " +
@@ -111,7 +113,7 @@ c10::intrusive_ptr<c10d::Store> connect_store(const InitOptions& o) {
                         ": the port is already in use on this host (" + what +
                         "). Pick a free MASTER_PORT or start with tandemrun --standalone.");
     }
-    if (env.rank == 0) {
+    if (host) {
       throw CommError("tandem: rank 0 cannot host the rendezvous store at " + where + ": " + what);
     }
     throw unreachable(what);

@@ -99,6 +99,10 @@ TEST_F(TorchrunCompatTest, SameBinaryEndsWithIdenticalParametersUnderBothLaunche
   const RunResult t = torchrun("torchrun", {});
   ASSERT_FALSE(t.timed_out) << t.out << t.err;
   ASSERT_EQ(t.exit_code, 0) << t.out << t.err;
+  // torchrun's agent serves the store (TORCHELASTIC_USE_AGENT_STORE): rank 0 must join it, not
+  // try to bind its port (libtorch logs that failure and falls back).
+  EXPECT_EQ(t.err.find("failed to bind"), std::string::npos) << t.err;
+  EXPECT_EQ(t.out.find("failed to bind"), std::string::npos) << t.out;
   const RunResult r = tandemrun("tandemrun");
   ASSERT_FALSE(r.timed_out);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;

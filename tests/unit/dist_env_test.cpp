@@ -45,6 +45,12 @@ TEST(DistEnv, ReadsTheTorchrunVariables) {
   EXPECT_EQ(env.run_id, "job7");
   EXPECT_EQ(env.error_file, "/tmp/err.json");
   EXPECT_EQ(env.describe(), "rank 3/4 (local 1/2, node 1), master 10.1.2.3:29511");
+  EXPECT_FALSE(env.agent_store);
+  auto agent = kGood;
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";  // torchrun 2.x: its agent serves the store
+  EXPECT_TRUE(parse(agent).agent_store);
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  EXPECT_FALSE(parse(agent).agent_store);
 }
 
 TEST(DistEnv, NoLauncherMeansAWorldOfOne) {

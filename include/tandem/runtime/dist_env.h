@@ -33,6 +33,9 @@ struct DistEnv {
   int restart_count = 0;     // TORCHELASTIC_RESTART_COUNT
   std::string run_id;        // TORCHELASTIC_RUN_ID
   std::string error_file;    // TORCHELASTIC_ERROR_FILE
+  // TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x): the launcher's agent already serves the
+  // store at MASTER_ADDR:MASTER_PORT, so rank 0 connects to it like every other rank.
+  bool agent_store = false;
   std::string source = "none";  // where the values came from: "torchrun" (any launcher that
                                 // sets its variables), "slurm" (srun directly) or "none"
 
