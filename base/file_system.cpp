@@ -1,9 +1,12 @@
-// POSIX FileSystem (see include/tandem/checkpoint/file_system.h). No torch headers.
+// POSIX FileSystem (see include/tandem/base/file_system.h). No torch headers.
 #include <tandem/base/file_system.h>
+
+#include "base/strings.h"
 
 #include <atomic>
 
 #include <dirent.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -190,11 +193,33 @@ std::string FileSystem::read_file(const std::string& path) {
   return s;
 }
 
-void FileSystem::write_file_atomically(const std::string& path, std::string_view bytes) {
+std::string FileSystem::temporary_path(const std::string& path) {
   // A name of its own per process and call, so concurrent writers never share a temporary file.
   static std::atomic<uint64_t> counter{0};
-  const std::string tmp =
-      path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+  return path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter.fetch_add(1));
+}
+
+int FileSystem::remove_abandoned_temporaries(const std::string& path) {
+  const std::string dir = parent_path(path);
+  const std::string prefix = path.substr(path.rfind('/') == std::string::npos ? 0 : path.rfind('/') + 1) + ".tmp.";
+  if (!exists(dir)) return 0;
+  int removed = 0;
+  for (const std::string& name : list_dir(dir)) {
+    if (name.rfind(prefix, 0) != 0) continue;
+    // "<pid>.<n>" after the prefix; anything else is not ours.
+    const std::string rest = name.substr(prefix.size());
+    const auto dot = rest.find('.');
+    const auto pid = strings::parse_int(rest.substr(0, dot));
+    if (dot == std::string::npos || !pid || *pid <= 0 || !strings::parse_int(rest.substr(dot + 1))) continue;
+    if (::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) continue;  // its writer lives
+    remove_file(join_path(dir, name));
+    ++removed;
+  }
+  return removed;
+}
+
+void FileSystem::write_file_atomically(const std::string& path, std::string_view bytes) {
+  const std::string tmp = temporary_path(path);
   try {
     auto f = new_writable_file(tmp);
     f->append(bytes.data(), bytes.size());

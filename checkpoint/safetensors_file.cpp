@@ -5,10 +5,8 @@
 
 #include <ATen/ops/empty.h>
 
-#include <atomic>
 #include <cstring>
 #include <map>
-#include <unistd.h>
 
 namespace tandem {
 
@@ -26,8 +24,9 @@ SafetensorsWriter::SafetensorsWriter(std::shared_ptr<FileSystem> fs, std::string
                                      std::vector<TensorRecord> records,
                                      std::map<std::string, CheckpointValue> values)
     : fs_(fs ? std::move(fs) : posix_file_system()), path_(std::move(path)), records_(std::move(records)) {
-  static std::atomic<uint64_t> counter{0};
-  tmp_ = path_ + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+  // A writer SIGKILLed mid-export left its temporary file: the next export clears it.
+  fs_->remove_abandoned_temporaries(path_);
+  tmp_ = FileSystem::temporary_path(path_);
   ShardHeader header;
   header.tensors = records_;
   header.values = std::move(values);

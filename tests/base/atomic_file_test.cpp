@@ -2,6 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <string>
@@ -25,6 +28,32 @@ TEST(AtomicFileWrite, ReplacesTheFileAndLeavesNoTemporary) {
   fs->write_file_atomically(path, std::string(1 << 20, 'x'));
   EXPECT_EQ(fs->read_file(path), std::string(1 << 20, 'x'));
   EXPECT_EQ(fs->list_dir(dir), std::vector<std::string>{"out.json"});
+  fs->remove_all(dir);
+}
+
+// The pid of a process that has exited (and was reaped).
+pid_t dead_pid() {
+  const pid_t child = ::fork();
+  if (child == 0) ::_exit(0);
+  ::waitpid(child, nullptr, 0);
+  return child;
+}
+
+TEST(AtomicFileWrite, AbandonedTemporariesOfAKilledWriterAreRemovedAndALiveWritersKept) {
+  auto fs = posix_file_system();
+  const std::string dir = temp_dir();
+  const std::string path = join_path(dir, "model.safetensors");
+  const std::string abandoned = path + ".tmp." + std::to_string(dead_pid()) + ".0";
+  const std::string live = path + ".tmp." + std::to_string(::getpid()) + ".7";
+  for (const auto& p : {abandoned, live, path + ".tmp.notapid.0", join_path(dir, "other.tmp.1.0")}) {
+    fs->write_file_atomically(p, "partial");
+  }
+  EXPECT_EQ(fs->remove_abandoned_temporaries(path), 1);
+  EXPECT_FALSE(fs->exists(abandoned));
+  EXPECT_TRUE(fs->exists(live)) << "a live writer's temporary file was removed";
+  EXPECT_TRUE(fs->exists(path + ".tmp.notapid.0"));
+  EXPECT_TRUE(fs->exists(join_path(dir, "other.tmp.1.0")));
+  EXPECT_NE(FileSystem::temporary_path(path), FileSystem::temporary_path(path));
   fs->remove_all(dir);
 }
 

@@ -79,6 +79,12 @@ class FileSystem {
   // part, even across a crash: a temporary file beside it, fsync, rename, fsync of the directory.
   // On failure the temporary file is removed, `path` is untouched, and the error propagates.
   void write_file_atomically(const std::string& path, std::string_view bytes);
+  // The temporary file a writer of `path` uses until it renames it over `path`:
+  // "<path>.tmp.<pid>.<n>", a name of its own per process and call.
+  static std::string temporary_path(const std::string& path);
+  // Removes the temporary files of `path` whose writing process is gone (killed mid-write: a
+  // live writer's file is kept). Returns how many were removed.
+  int remove_abandoned_temporaries(const std::string& path);
   // Removes `path` and everything under it (files and directories); missing is fine.
   void remove_all(const std::string& path);
 };
