@@ -342,7 +342,7 @@ void NcclWork::wait(std::chrono::milliseconds timeout) {
                               dump_flight_recorder("failure");
       FlightRecorder::instance().ended(flight_id_, msg);
       comm_->abort(msg);
-      throw CommError(msg);
+      throw PeerLostError(msg);
     }
     if (AsyncWork::Clock::now() > deadline) {
       const std::string msg = "tandem: " + description_.str() + " did not complete within " +

@@ -237,7 +237,7 @@ void ShmChannel::wait_progress(uint64_t target, const char* what, uint64_t segme
     const uint32_t epoch = header_->epoch.load();
     if ((lagging = first_behind(target)) < 0) return;
     if (const uint32_t word = header_->abort_word.load(std::memory_order_acquire); word != 0) {
-      throw CommError(std::string("shared-memory ") + op_name_ + " stopped while waiting for " +
+      throw PeerLostError(std::string("shared-memory ") + op_name_ + " stopped while waiting for " +
                       rank_name(lagging) + " to " + where() + ": " + abort_reason(word));
     }
     const auto now = Clock::now();
@@ -248,7 +248,7 @@ void ShmChannel::wait_progress(uint64_t target, const char* what, uint64_t segme
         if (!closed && segment_.presence_held_by_other(static_cast<size_t>(q))) continue;
         // Gone. Fine if it did its part of this wait before leaving (its writes are visible).
         if (ranks_[q].progress.load(std::memory_order_acquire) >= target) continue;
-        throw CommError(std::string("shared-memory ") + op_name_ + ": " + rank_name(q) +
+        throw PeerLostError(std::string("shared-memory ") + op_name_ + ": " + rank_name(q) +
                         (closed ? " destroyed its communicator"
                                 : " is gone (its process exited or was killed)") +
                         " while this rank waited for it to " + where());

@@ -249,8 +249,7 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
     return fn(argc, argv);
   } catch (const std::exception& e) {
     message = strings::demangle(typeid(e).name()) + ": " + e.what();
-    consequence = dynamic_cast<const CommError*>(&e) != nullptr &&
-                  dynamic_cast<const TimeoutError*>(&e) == nullptr;
+    consequence = dynamic_cast<const PeerLostError*>(&e) != nullptr;
   } catch (...) {
     message = strings::demangle(abi::__cxa_current_exception_type() != nullptr
                                     ? abi::__cxa_current_exception_type()->name()
@@ -260,8 +259,7 @@ int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
   const std::string line = "tandem::run_main: uncaught exception: " + message + "\n";
   const ssize_t ignored = ::write(2, line.data(), line.size());
   (void)ignored;
-  // A communication error that is not a timeout means a peer left or died, usually because it
-  // failed first. Under a launcher, report it a little later than that peer: torchrun names the
+  // A lost peer usually failed first (not a timeout, not bad input). Under a launcher, report it a little later than that peer: torchrun names the
   // first process it sees exit (and, among several, the earliest error-file timestamp) as the
   // root cause, and this rank often notices the peer's death before the peer has finished exiting.
   if (consequence && g_have_error_path) std::this_thread::sleep_for(kConsequenceDelay);

@@ -17,6 +17,7 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
+#include <system_error>
 #include <thread>
 
 namespace tandem {
@@ -25,6 +26,18 @@ namespace detail {
 
 bool looks_like_timeout(const std::string& what) {
   return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+}
+
+bool peer_lost(const std::exception& e) {
+  if (dynamic_cast<const PeerLostError*>(&e) != nullptr) return true;
+  const auto* io = dynamic_cast<const std::system_error*>(&e);
+  return io != nullptr && io->code() == std::errc::connection_reset;
+}
+
+std::exception_ptr op_error(const std::exception& cause, bool timed_out, const std::string& message) {
+  if (timed_out) return std::make_exception_ptr(TimeoutError(message));
+  if (peer_lost(cause)) return std::make_exception_ptr(PeerLostError(message));
+  return std::make_exception_ptr(CommError(message));
 }
 
 at::Tensor contiguous_view(const at::Tensor& t) { return t.is_contiguous() ? t : t.contiguous(); }
@@ -94,9 +107,11 @@ GlooCommunicator::~GlooCommunicator() {
   p2p_in_flight_.clear();
 }
 
-void GlooCommunicator::mark_broken(const std::string& reason) {
+void GlooCommunicator::mark_broken(const std::string& reason, bool peer_lost) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (broken_reason_.empty()) broken_reason_ = reason;
+  if (!broken_reason_.empty()) return;
+  broken_reason_ = reason;
+  broken_by_lost_peer_ = peer_lost;
 }
 
 void GlooCommunicator::abort(const std::string& reason) {
@@ -123,9 +138,11 @@ OpDescription GlooCommunicator::describe(const char* name, std::string detail, b
 void GlooCommunicator::throw_if_broken(const OpDescription& description) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!broken_reason_.empty()) {
-    throw CommError("tandem: " + description.str() +
-                    " refused: the communicator is unusable after an earlier failure: " +
-                    broken_reason_);
+    const std::string msg = "tandem: " + description.str() +
+                            " refused: the communicator is unusable after an earlier failure: " +
+                            broken_reason_;
+    if (broken_by_lost_peer_) throw PeerLostError(msg);
+    throw CommError(msg);
   }
 }
 
@@ -180,8 +197,11 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
   const OpDescription& d = work.description();
   std::exception_ptr error;
   if (!broken.empty()) {
-    error = std::make_exception_ptr(CommError(
-        "tandem: " + d.str() + " was not run: the communicator became unusable: " + broken));
+    const std::string msg =
+        "tandem: " + d.str() + " was not run: the communicator became unusable: " + broken;
+    std::lock_guard<std::mutex> lock(mutex_);
+    error = broken_by_lost_peer_ ? std::make_exception_ptr(PeerLostError(msg))
+                                 : std::make_exception_ptr(CommError(msg));
   } else {
     try {
       FlightRecorder::instance().started(work.flight_id());
@@ -191,6 +211,7 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
     } catch (const std::exception& e) {
       const std::string what = e.what();
       const bool timed_out = detail::looks_like_timeout(what);
+      const bool lost = !timed_out && detail::peer_lost(e);
       // The op's own timeout can fire before the waiter's: name the absent ranks here too, so
       // the message does not depend on which of the two came first.
       const std::string msg =
@@ -198,12 +219,12 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
           format_elapsed(work.issued_at()) + ": " + what +
           (timed_out ? ". A peer rank is hung or did not issue this op (ranks must issue "
                        "collectives in the same order)."
-                     : ". A peer rank probably died; see its log.") +
+                     : lost ? ". A peer rank is gone; see its log for why."
+                            : ".") +
           " The communicator is now unusable." + (timed_out ? who_never_joined(d) : "") +
           dump_flight_recorder(timed_out ? "timeout" : "failure");
-      mark_broken(msg);
-      error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
-                        : std::make_exception_ptr(CommError(msg));
+      mark_broken(msg, lost);
+      error = detail::op_error(e, timed_out, msg);
     }
   }
   work.finish(error);

@@ -26,6 +26,11 @@ namespace detail {
 
 // True when a Gloo error message says it timed out.
 bool looks_like_timeout(const std::string& what);
+// True when `e` says a peer is gone: a PeerLostError, or Gloo's I/O error (gloo_mesh.h).
+bool peer_lost(const std::exception& e);
+// The error an op that failed with `cause` ends with, as a TimeoutError, PeerLostError or
+// CommError carrying `message`.
+std::exception_ptr op_error(const std::exception& cause, bool timed_out, const std::string& message);
 // Contiguous tensor with the caller's data (itself when already contiguous).
 at::Tensor contiguous_view(const at::Tensor& t);
 // Copies `buffer` into `target` unless they are the same tensor.
@@ -76,8 +81,9 @@ class GlooCommunicator final : public Communicator,
   // (the same op on the wire, so ranks may differ in which they take).
   WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor);
 
-  // Marks the communicator broken with `reason` (first reason wins).
-  void mark_broken(const std::string& reason);
+  // Marks the communicator broken with `reason` (first reason wins); `peer_lost`: because a peer
+  // is gone (later ops are refused with PeerLostError then, else CommError).
+  void mark_broken(const std::string& reason, bool peer_lost = false);
 
  private:
   OpDescription describe(const char* name, std::string detail, bool p2p = false);
@@ -108,6 +114,7 @@ class GlooCommunicator final : public Communicator,
 
   std::mutex mutex_;  // guards the members up to ops_
   std::string broken_reason_;
+  bool broken_by_lost_peer_ = false;
   uint64_t next_collective_seq_ = 0;
   uint64_t next_p2p_seq_ = 0;
   uint64_t next_group_ = 0;

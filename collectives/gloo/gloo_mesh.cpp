@@ -12,7 +12,10 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <gloo/common/error.h>
+
 #include <stdexcept>
+#include <system_error>
 #include <type_traits>
 
 namespace tandem::detail {
@@ -27,6 +30,16 @@ void with_element_type(size_t element_size, Setter&& set) {
     case 4: set(static_cast<uint32_t*>(nullptr)); break;
     case 8: set(static_cast<uint64_t*>(nullptr)); break;
     default: throw std::invalid_argument("unsupported element size " + std::to_string(element_size));
+  }
+}
+
+// Runs a Gloo call; its I/O errors leave as std::system_error (gloo_mesh.h).
+template <class F>
+auto io(F&& call) {
+  try {
+    return call();
+  } catch (const gloo::IoException& e) {
+    throw std::system_error(std::make_error_code(std::errc::connection_reset), e.what());
   }
 }
 
@@ -52,13 +65,17 @@ class Buffer final : public GlooBuffer {
   explicit Buffer(std::unique_ptr<gloo::transport::UnboundBuffer> buffer)
       : buffer_(std::move(buffer)) {}
   void send(int peer, uint64_t slot, size_t offset, size_t nbytes) override {
-    buffer_->send(peer, slot, offset, nbytes);
+    io([&] { buffer_->send(peer, slot, offset, nbytes); });
   }
   void recv(int peer, uint64_t slot, size_t offset, size_t nbytes) override {
-    buffer_->recv(peer, slot, offset, nbytes);
+    io([&] { buffer_->recv(peer, slot, offset, nbytes); });
   }
-  bool wait_send(std::chrono::milliseconds timeout) override { return buffer_->waitSend(timeout); }
-  bool wait_recv(std::chrono::milliseconds timeout) override { return buffer_->waitRecv(timeout); }
+  bool wait_send(std::chrono::milliseconds timeout) override {
+    return io([&] { return buffer_->waitSend(timeout); });
+  }
+  bool wait_recv(std::chrono::milliseconds timeout) override {
+    return io([&] { return buffer_->waitRecv(timeout); });
+  }
 
  private:
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
@@ -81,7 +98,7 @@ class Mesh final : public GlooMesh {
     opts.setTimeout(timeout);
     opts.setAlgorithm(bcube ? gloo::AllreduceOptions::Algorithm::BCUBE
                             : gloo::AllreduceOptions::Algorithm::RING);
-    gloo::allreduce(opts);
+    io([&] { gloo::allreduce(opts); });
   }
 
   void broadcast(void* data, size_t nbytes, int root, uint32_t tag,
@@ -91,7 +108,7 @@ class Mesh final : public GlooMesh {
     opts.setRoot(root);
     opts.setTag(tag);
     opts.setTimeout(timeout);
-    gloo::broadcast(opts);
+    io([&] { gloo::broadcast(opts); });
   }
 
   void allgather(const void* in, void* out, size_t nbytes, uint32_t tag,
@@ -101,14 +118,14 @@ class Mesh final : public GlooMesh {
     opts.setOutput<uint8_t>(static_cast<uint8_t*>(out), nbytes * context_->size);
     opts.setTag(tag);
     opts.setTimeout(timeout);
-    gloo::allgather(opts);
+    io([&] { gloo::allgather(opts); });
   }
 
   void barrier(uint32_t tag, std::chrono::milliseconds timeout) override {
     gloo::BarrierOptions opts(context_);
     opts.setTag(tag);
     opts.setTimeout(timeout);
-    gloo::barrier(opts);
+    io([&] { gloo::barrier(opts); });
   }
 
   std::unique_ptr<GlooBuffer> buffer(void* data, size_t nbytes) override {
@@ -140,7 +157,7 @@ class Device final : public GlooDevice {
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
     context->setTimeout(timeout);
     StoreAdapter adapter(store, timeout);
-    context->connectFullMesh(adapter, device_);
+    io([&] { context->connectFullMesh(adapter, device_); });
     return std::make_unique<Mesh>(std::move(context));
   }
 

@@ -10,9 +10,11 @@
 // libtorch's inside libtorch_cpu, and neither copy is visible to the other.
 //
 // Only this header crosses the boundary: abstract classes (vtables, no symbols), std types of
-// the one libstdc++ both sides share, and exceptions derived from std::exception. Errors from
-// Gloo arrive as std::exception whose what() is Gloo's message; an exception thrown by a
-// GlooKeyValue callback (tandem's TimeoutError) passes through unchanged.
+// the one libstdc++ both sides share, and exceptions derived from std::exception. Gloo's I/O
+// errors (a peer closed or reset its connections, or a wait timed out) arrive as
+// std::system_error with std::errc::connection_reset and Gloo's message as what(); other Gloo
+// errors as std::exception with Gloo's message; an exception thrown by a GlooKeyValue callback
+// (tandem's TimeoutError) passes through unchanged.
 #pragma once
 
 #include <chrono>

@@ -68,10 +68,9 @@ class GlooP2PWork : public Work {
                        "ranks); see its log.") +
           " The communicator is now unusable." + dump_flight_recorder(timed_out ? "timeout" : "failure");
       FlightRecorder::instance().ended(flight_id_, msg);
-      state_->error = timed_out ? std::make_exception_ptr(TimeoutError(msg))
-                                : std::make_exception_ptr(CommError(msg));
+      state_->error = detail::op_error(e, timed_out, msg);
       state_->waited = true;
-      if (auto comm = comm_.lock()) comm->mark_broken(msg);
+      if (auto comm = comm_.lock()) comm->mark_broken(msg, !timed_out && detail::peer_lost(e));
       std::rethrow_exception(state_->error);
     }
     state_->waited = true;

@@ -6,10 +6,15 @@
 #include <ATen/ATen.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 int main(int argc, char** argv) {
   return tandem::run_main(argc, argv, [](tandem::Context& ctx) {
+    if (std::getenv("CONFIG_TEST_BAD_INPUT") != nullptr) {
+      // A CommError of bad input (an integer average): raised by the call, nothing sent.
+      ctx.world()->allreduce(at::ones({2}, at::kInt), tandem::ReduceOp::kAvg);
+    }
     at::Tensor t = at::full({1}, static_cast<double>(ctx.rank() + 1), at::kDouble);
     ctx.world()->allreduce(t)->wait();
     std::string args;

@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -58,6 +59,36 @@ TEST(ContextProcess, ConfigErrorExitsTwoWithTheMessageOnStderrAndInTheErrorFile)
             std::string::npos)
       << json;
   std::remove(yaml.c_str());
+  std::remove((dir + "/error.json").c_str());
+  ::rmdir(dir.c_str());
+}
+
+// Under a launcher, tandem::run_main holds back the report of a lost peer (PeerLostError) so
+// that the peer, which failed first, is named as the root cause; a CommError of bad input has no
+// such peer and is reported at once.
+TEST(ContextProcess, ACommErrorOfBadInputIsReportedWithoutTheLostPeerDelay) {
+  const std::string dir = temp_dir();
+  auto env = clean_env();
+  env.push_back("CONFIG_TEST_BAD_INPUT=1");
+  const auto timed = [&](std::vector<std::string> extra_env) {
+    auto e = env;
+    e.insert(e.end(), extra_env.begin(), extra_env.end());
+    const auto start = std::chrono::steady_clock::now();
+    const RunResult r = run_worker({}, e);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_FALSE(r.timed_out);
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("tandem::CommError: tandem: allreduce: 'avg' on an integer tensor"),
+              std::string::npos)
+        << r.err;
+    return seconds;
+  };
+  const double without_launcher = timed({});
+  const double with_launcher = timed({"TORCHELASTIC_ERROR_FILE=" + dir + "/error.json"});
+  // The lost-peer delay is 2 s; process start-up varies by a fraction of that.
+  EXPECT_LT(with_launcher - without_launcher, 1.0)
+      << "with an error file " << with_launcher << " s, without " << without_launcher << " s";
   std::remove((dir + "/error.json").c_str());
   ::rmdir(dir.c_str());
 }

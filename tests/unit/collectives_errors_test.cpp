@@ -55,6 +55,14 @@ TEST(CollectiveErrors, BadArgumentsThrowAtTheCallAndLeaveTheCommunicatorUsable) 
     EXPECT_ERROR_CONTAINS(comm.send(at::zeros({3}), -1), "dst -1 is out of range");
     EXPECT_ERROR_CONTAINS(comm.send(at::zeros({3}), comm.rank()), "to/from this rank");
     EXPECT_ERROR_CONTAINS(comm.new_group({1, 0}), "must be sorted and unique");
+    // Bad input is a CommError of the call, never a lost peer (which run_main reports late).
+    try {
+      comm.allreduce(at::zeros({3}, at::kInt), ReduceOp::kAvg);
+      ADD_FAILURE() << "no error";
+    } catch (const PeerLostError& e) {
+      ADD_FAILURE() << "bad input raised PeerLostError: " << e.what();
+    } catch (const CommError&) {
+    }
     // Nothing was sent: the ranks are still in step.
     auto t = at::ones({4});
     comm.allreduce(t)->wait();
@@ -131,6 +139,9 @@ TEST(CollectiveErrors, DeadPeerRaisesCommErrorLongBeforeTheTimeout) {
         std::string msg = comm_error_of([&] { comm.allreduce(t)->wait(); });
         EXPECT_LT(seconds_since(start), 20.0);
         EXPECT_NE(msg.find("allreduce #1"), std::string::npos) << msg;
+        // A lost peer is its own type (tandem::run_main reports it after the peer's error),
+        // and so is every refusal that follows from it.
+        EXPECT_THROW(comm.barrier(), PeerLostError);
       },
       options);
 }

@@ -37,6 +37,14 @@ class TimeoutError : public CommError {
   using CommError::CommError;
 };
 
+// A peer rank is gone mid-op: its process died, or it closed or aborted its communicator. Usually
+// the consequence of that rank's own failure, which its log names; tandem::run_main reports it a
+// little after the peer's (the bad-input CommError of a call is reported at once).
+class PeerLostError : public CommError {
+ public:
+  using CommError::CommError;
+};
+
 // A training-state checkpoint could not be written, read or verified.
 class CheckpointError : public Error {
  public:
