@@ -79,9 +79,10 @@ void AsyncWork::finish(std::exception_ptr error) {
   done_cv_.notify_all();
 }
 
-AsyncWork::Clock::time_point AsyncWork::finished_at() {
+std::optional<AsyncWork::Clock::time_point> AsyncWork::completed_at() {
   std::lock_guard<std::mutex> lock(mutex_);
-  return done_ ? finished_at_ : issued_at_;
+  if (!done_) return std::nullopt;
+  return finished_at_;
 }
 
 bool AsyncWork::is_completed() {

@@ -48,8 +48,7 @@ class AsyncWork : public Work {
   // The op's entry in the flight recorder (its runner marks it started).
   uint64_t flight_id() const { return flight_id_; }
   Clock::time_point issued_at() const { return issued_at_; }
-  // When finish() ran (trace: a bucket's reduce ends here); issued_at() before that.
-  Clock::time_point finished_at();
+  std::optional<Clock::time_point> completed_at() override;
 
  private:
   const OpDescription description_;

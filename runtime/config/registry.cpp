@@ -53,7 +53,7 @@ std::vector<KeySpec> build() {
                       "Broadcast rank 0's buffers (e.g. batch-norm statistics) before each forward."));
   // sharding
   k.push_back(number("sharding.stage", TANDEM_REF(sharding.stage), in(0, 3, false, false),
-                     "0: replicate (DistributedDataParallel); 1: shard optimizer state; 2: + gradients; 3: + parameters."));
+                     "What ShardedDataParallel shards: 0 nothing (every rank replicates, as DistributedDataParallel); 1 optimizer state; 2 + gradients; 3 + parameters."));
   k.push_back(boolean("sharding.reshard_after_forward", TANDEM_REF(sharding.reshard_after_forward),
                       "Stage 3: free a unit's full parameters after its forward (gather again for backward)."));
   k.push_back(boolean("sharding.prefetch", TANDEM_REF(sharding.prefetch),

@@ -9,14 +9,11 @@
 #include "runtime/ddp/master_weights.h"
 #include "runtime/rank_agreement.h"
 
-#include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/tensor.h>
 
-#include <cstdlib>
 #include <map>
-#include <thread>
 #include <sstream>
 
 namespace tandem {
@@ -72,17 +69,6 @@ void verify_same_parameters(Communicator& comm, const std::string& mine) {
   }
 }
 
-// ddp.overlap resolved: auto overlaps only with a core to spare for the communication thread.
-bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm) {
-  if (overlap != DistributedDataParallelOptions::Overlap::kAuto) {
-    return overlap == DistributedDataParallelOptions::Overlap::kOn;
-  }
-  const unsigned cores = std::thread::hardware_concurrency();
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");  // the launcher contract (dist_env.h)
-  const int ranks_here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : comm.size();
-  return cores == 0 || static_cast<unsigned>(ranks_here * at::get_num_threads()) < cores;
-}
-
 }  // namespace
 
 DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
@@ -110,12 +96,6 @@ DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::
   state.insert(state.end(), buffers_.begin(), buffers_.end());
   broadcast_coalesced(*comm_, state, 0);
 
-  ReducerOptions reducer_options;
-  reducer_options.bucket_cap_mb = options_.bucket_cap_mb;
-  reducer_options.first_bucket_cap_mb = options_.first_bucket_cap_mb;
-  reducer_options.find_unused_parameters = options_.find_unused_parameters;
-  reducer_options.gradient_as_bucket_view = options_.gradient_as_bucket_view;
-  reducer_options.overlap = overlap_pays(options_.overlap, *comm_);
   params_ = params;
   std::vector<at::Tensor> grad_targets;  // empty: the parameters' own .grad
   if (options_.mixed_precision.enabled()) {
@@ -124,11 +104,10 @@ DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::
       if (!p.requires_grad()) frozen.push_back(p);
     }
     masters_ = std::make_shared<detail::MasterWeights>(params, frozen, options_.mixed_precision.param_dtype);
-    reducer_options.bucket_dtype = options_.mixed_precision.reduce_dtype();
     grad_targets = masters_->masters();
   }
-  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), comm_,
-                                       reducer_options, options_.codec, std::move(grad_targets));
+  reducer_ = std::make_unique<Reducer>(std::move(params), std::move(names), comm_, options_,
+                                       std::move(grad_targets));
 }
 
 std::vector<at::Tensor> DistributedDataParallelCore::parameters() const {
@@ -257,12 +236,5 @@ void DistributedDataParallelCore::load_state(const std::map<std::string, at::Ten
   }
   reducer_->codec().load_state(codec_state);
 }
-
-DistributedDataParallelCore::NoSyncGuard::NoSyncGuard(DistributedDataParallelCore& core)
-    : core_(core), previous_(core.sync_) {
-  core_.sync_ = false;
-}
-
-DistributedDataParallelCore::NoSyncGuard::~NoSyncGuard() { core_.sync_ = previous_; }
 
 }  // namespace tandem

@@ -5,7 +5,6 @@
 
 #include <tandem/base/errors.h>
 
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <ATen/ops/empty.h>
@@ -16,40 +15,18 @@ namespace tandem {
 
 using detail::ReducerState;
 
-namespace {
-
-class ReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  ReadyHook(std::weak_ptr<ReducerState> state, int64_t index)
-      : state_(std::move(state)), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (auto state = state_.lock()) state->on_grad_ready(index_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<ReducerState> state_;
-  int64_t index_;
-};
-
-}  // namespace
-
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-                 std::shared_ptr<Communicator> comm, ReducerOptions options,
-                 std::shared_ptr<GradCodec> codec, std::vector<at::Tensor> grad_targets)
+                 std::shared_ptr<Communicator> comm,
+                 const DistributedDataParallelOptions& options,
+                 std::vector<at::Tensor> grad_targets)
     : state_(std::make_shared<detail::ReducerState>()) {
   if (params.size() != names.size()) {
     throw ConfigError("tandem: Reducer: " + std::to_string(params.size()) + " parameters but " +
                       std::to_string(names.size()) + " names.");
   }
   if (!comm) throw ConfigError("tandem: Reducer: communicator is null.");
-  if (!(options.bucket_cap_mb > 0) || !(options.first_bucket_cap_mb > 0)) {
-    throw ConfigError("tandem: Reducer: bucket_cap_mb (" + std::to_string(options.bucket_cap_mb) +
-                      ") and first_bucket_cap_mb (" + std::to_string(options.first_bucket_cap_mb) +
-                      ") must be positive.");
-  }
   auto& s = *state_;
+  s.caps = bucket_caps(options, "DistributedDataParallel");
   for (size_t i = 0; i < params.size(); ++i) {
     if (!params[i].defined() || !params[i].requires_grad() || !params[i].is_leaf()) {
       throw ConfigError("tandem: Reducer: parameter '" + names[i] +
@@ -72,14 +49,11 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.names = std::move(names);
   s.comm = std::move(comm);
   s.options = options;
-  s.codec = codec ? std::move(codec) : make_average_codec();
+  s.overlap = overlap_pays(options.overlap, *s.comm);
+  if (options.mixed_precision.enabled()) s.reduce_dtype = options.mixed_precision.reduce_dtype();
+  s.codec = options.codec ? options.codec : make_average_codec();
   s.locally_used.assign(s.params.size(), 0);
-  for (size_t i = 0; i < s.params.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(s.params[i]);
-    acc->add_post_hook(std::make_unique<ReadyHook>(state_, static_cast<int64_t>(i)));
-    s.accumulator_index[acc.get()] = static_cast<int64_t>(i);
-    s.accumulators.push_back(std::move(acc));
-  }
+  s.accumulators = detail::GradAccumulators(s.params, state_);
   s.build(s.plan_for(reverse_registration_order(static_cast<int64_t>(s.params.size()))));
   s.reset_iteration();
 }

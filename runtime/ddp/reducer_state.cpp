@@ -1,7 +1,6 @@
 // The Reducer's buckets and their launch as gradients arrive (runtime/ddp/reducer_state.h).
 #include "runtime/ddp/reducer_state.h"
 
-#include "collectives/async_work.h"
 
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
@@ -26,8 +25,7 @@ at::Tensor ReducerState::view(int64_t param) const {
 }
 
 at::ScalarType ReducerState::bucket_dtype(int64_t param) const {
-  return options.bucket_dtype == at::ScalarType::Undefined ? params[param].scalar_type()
-                                                           : options.bucket_dtype;
+  return reduce_dtype == at::ScalarType::Undefined ? params[param].scalar_type() : reduce_dtype;
 }
 
 bool ReducerState::target_is_view(int64_t param) const {
@@ -71,9 +69,7 @@ BucketPlan ReducerState::plan_for(const std::vector<int64_t>& order) const {
     dtypes.push_back(bucket_dtype(static_cast<int64_t>(p)));
     bytes.push_back(params[p].numel() * static_cast<int64_t>(c10::elementSize(dtypes.back())));
   }
-  return plan_buckets(order, dtypes, bytes,
-                      static_cast<int64_t>(options.first_bucket_cap_mb * 1024 * 1024),
-                      static_cast<int64_t>(options.bucket_cap_mb * 1024 * 1024));
+  return plan_buckets(order, dtypes, bytes, caps.first_bytes, caps.bytes);
 }
 
 // The bucket slot takes the parameter's current gradient (zeros when it has none).
@@ -101,7 +97,7 @@ void ReducerState::mark_ready(int64_t p) {
   ready[p] = 1;
   Bucket& b = buckets[location[p].first];
   if (--b.pending > 0) return;
-  if (options.overlap) launch_ready();
+  if (overlap) launch_ready();
 }
 
 void ReducerState::launch_ready() {
@@ -174,8 +170,7 @@ void ReducerState::trace_backward(ReducerClock::time_point wait_start,
   const std::string codec_name = codec->name();
   for (const auto& b : buckets) {
     if (b.launch_us == 0) continue;
-    auto* async = dynamic_cast<AsyncWork*>(b.work.get());
-    const int64_t end = async != nullptr ? trace::to_us(async->finished_at()) : trace::to_us(done);
+    const int64_t end = trace::to_us(b.work->completed_at().value_or(done));
     const int64_t bytes = b.grads.buffer.numel() * static_cast<int64_t>(b.grads.buffer.element_size());
     trace::async_span("bucket " + std::to_string(b.grads.index) + " reduce", trace::kComm,
                       static_cast<uint64_t>(step) * 4096 + static_cast<uint64_t>(b.grads.index),
@@ -190,7 +185,7 @@ void ReducerState::finalize() {
   {
     std::lock_guard<std::mutex> lock(mutex);
     if (mode != Mode::kSynchronizing) return;
-    if (!options.overlap) launch_ready();  // every bucket now, in order, with the cores free
+    if (!overlap) launch_ready();  // every bucket now, in order, with the cores free
     if (next_launch < static_cast<int64_t>(buckets.size())) {
       std::string bucket_list, param_list;
       int listed = 0;

@@ -7,6 +7,8 @@
 #include <tandem/runtime/bucket_plan.h>
 #include <tandem/runtime/reducer.h>
 
+#include "runtime/data_parallel/grad_ready.h"
+
 #include <torch/csrc/autograd/function.h>
 
 #include <chrono>
@@ -21,7 +23,7 @@ namespace tandem::detail {
 
 using ReducerClock = std::chrono::steady_clock;
 
-struct ReducerState : std::enable_shared_from_this<ReducerState> {
+struct ReducerState : GradReadyListener, std::enable_shared_from_this<ReducerState> {
   // kFinalized: a synchronised backward finished and no forward has started since.
   enum class Mode { kIdle, kAccumulating, kSynchronizing, kFinalized, kUnfinished };
 
@@ -39,10 +41,12 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
   std::vector<at::Tensor> targets;  // whose .grad get the averages: `params`, or their masters
   std::vector<std::string> names;
   std::shared_ptr<Communicator> comm;
-  ReducerOptions options;
+  DistributedDataParallelOptions options;
+  BucketCaps caps;
+  bool overlap = true;       // options.overlap resolved (overlap_pays)
+  at::ScalarType reduce_dtype = at::ScalarType::Undefined;  // mixed precision; else each param's
   std::shared_ptr<GradCodec> codec;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;  // kept alive: they own our hooks
-  std::unordered_map<const torch::autograd::Node*, int64_t> accumulator_index;
+  GradAccumulators accumulators;  // the grad-ready hooks (runtime/data_parallel/grad_ready.h)
 
   mutable std::mutex mutex;
   std::vector<Bucket> buckets;
@@ -85,14 +89,12 @@ struct ReducerState : std::enable_shared_from_this<ReducerState> {
   void launch_ready();
   void reset_iteration();
   // The grad-ready hook of parameter `p` (takes `mutex`).
-  void on_grad_ready(int64_t p);
+  void on_grad_ready(int64_t p) override;
   // End of backward (an engine callback; takes `mutex`): waits for every bucket, writes `.grad`.
   void finalize();
   void trace_backward(ReducerClock::time_point wait_start, ReducerClock::time_point done);
 
   // Unused parameters (unused_parameters.cpp).
-  // Which parameters the autograd graph of `outputs` reaches.
-  std::vector<char> reachable(const std::vector<at::Tensor>& outputs) const;
   // After a forward with find_unused_parameters: launches the all-reduce of the used-map and
   // defers the parameters `outputs` does not reach until backward starts.
   void find_unused(const std::vector<at::Tensor>& outputs);

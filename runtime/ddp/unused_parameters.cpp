@@ -1,4 +1,4 @@
-// Unused parameters (ReducerOptions::find_unused_parameters): after forward the autograd graph is
+// Unused parameters (ddp.find_unused_parameters): after forward the autograd graph is
 // walked from the outputs; parameters it does not reach contribute their current gradient once
 // backward starts, and a used-map all-reduced over the ranks keeps `.grad` untouched for
 // parameters no rank used (runtime/ddp/reducer_state.h).
@@ -6,37 +6,10 @@
 
 #include <ATen/ops/empty.h>
 
-#include <unordered_set>
-
 namespace tandem::detail {
 
-std::vector<char> ReducerState::reachable(const std::vector<at::Tensor>& outputs) const {
-  std::vector<char> reached(params.size(), 0);
-  std::vector<torch::autograd::Node*> stack;
-  std::unordered_set<torch::autograd::Node*> seen;
-  for (const auto& out : outputs) {
-    if (!out.defined() || !out.requires_grad()) continue;
-    if (auto fn = out.grad_fn()) {
-      stack.push_back(fn.get());
-    } else if (auto acc = torch::autograd::impl::try_get_grad_accumulator(out)) {
-      stack.push_back(acc.get());
-    }
-  }
-  while (!stack.empty()) {
-    torch::autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
-    auto it = accumulator_index.find(node);
-    if (it != accumulator_index.end()) reached[it->second] = 1;
-    for (const auto& edge : node->next_edges()) {
-      if (edge.function) stack.push_back(edge.function.get());
-    }
-  }
-  return reached;
-}
-
 void ReducerState::find_unused(const std::vector<at::Tensor>& outputs) {
-  const std::vector<char> reached = reachable(outputs);
+  const std::vector<char> reached = accumulators.reachable(outputs);
   used_map = at::empty({static_cast<int64_t>(params.size())}, at::kInt);
   int32_t* used = used_map.data_ptr<int32_t>();
   for (size_t p = 0; p < params.size(); ++p) used[p] = reached[p] || locally_used[p];

@@ -40,11 +40,12 @@ struct FlatUnit {
   int64_t gather_begin_us = 0;
 
   // Gradients of one backward.
-  at::Tensor grad_flat;   // [S * group] full gradients (stage 1: persistent, the parameters'
+  at::Tensor grad_flat;   // [S * group] full gradients (stages 0-1: persistent, the parameters'
                           // .grad are views; stages 2-3: built when the unit is reduced)
   at::Tensor grad_shard;  // [S] this rank's averaged gradient (shard.grad)
   at::Tensor grad_wire;   // the low-precision copy on the wire (sharding.reduce_dtype)
-  WorkPtr reduce_work;
+  WorkPtr reduce_work;     // null when the reduction needed no collective (one rank)
+  bool reduce_pending = false;  // reduced, and finish_reduce() has not run yet
   int64_t reduce_begin_us = 0;
   int64_t pending = 0;    // parameters whose gradient has not arrived in this backward
   bool ready = false;     // every gradient arrived (or the backward ended)

@@ -124,15 +124,32 @@ class ParameterSlices final : public SlicedCheckpointable {
     refresh();
     return set_.wants(key);
   }
+  // The whole model against the whole checkpoint (rank 0 saved every parameter's shape), in name
+  // order, so every rank finds the same first difference whatever slices it holds.
   std::string check(const StateDict& loaded) override {
     refresh();
-    for (const auto& [global, s] : set_.mine()) {
-      auto it = loaded.values.find("shape:" + global);
-      if (it == loaded.values.end()) return "the checkpoint has no parameter '" + global + "'";
-      if (!std::holds_alternative<std::string>(it->second) ||
-          std::get<std::string>(it->second) != shape_text(s.shape)) {
-        return "parameter '" + global + "' has shape " + describe_value(it->second) +
-               " in the checkpoint, [" + shape_text(s.shape) + "] here";
+    std::map<std::string, std::string> saved;  // name -> shape text
+    for (const auto& [key, v] : loaded.values) {
+      if (key.rfind("shape:", 0) != 0) continue;
+      saved[key.substr(6)] = std::holds_alternative<std::string>(v) ? std::get<std::string>(v)
+                                                                    : describe_value(v);
+    }
+    std::map<std::string, std::string> here;
+    for (const auto& s : core_.parameter_slices()) here[s.name] = shape_text(s.shape);
+    const std::string counts = " (" + std::to_string(saved.size()) + " parameters in the "
+                               "checkpoint, " + std::to_string(here.size()) + " in this model)";
+    for (const auto& [name, shape] : here) {
+      auto it = saved.find(name);
+      if (it == saved.end()) return "the checkpoint has no parameter '" + name + "'" + counts;
+      if (it->second != shape) {
+        return "parameter '" + name + "' has shape [" + it->second + "] in the checkpoint, [" +
+               shape + "] here";
+      }
+    }
+    for (const auto& [name, shape] : saved) {
+      if (!here.count(name)) {
+        return "the checkpoint has parameter '" + name + "' [" + shape +
+               "], which this model lacks" + counts + ": it was saved from another model";
       }
     }
     return set_.check(loaded);

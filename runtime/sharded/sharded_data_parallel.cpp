@@ -10,7 +10,6 @@
 #include "runtime/rank_agreement.h"
 #include "runtime/sharded/sharded_state.h"
 
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -26,20 +25,6 @@ using State = ShardedDataParallelCore::State;
 
 namespace {
 
-class GradReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradReadyHook(std::weak_ptr<State> state, int64_t index) : state_(std::move(state)), index_(index) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list&) override {
-    if (auto state = state_.lock()) state->on_grad_ready(index_);
-    return outputs;
-  }
-
- private:
-  std::weak_ptr<State> state_;
-  int64_t index_;
-};
-
 at::ScalarType wire_dtype_of(const ShardingOptions& s, const DistributedDataParallelOptions& ddp) {
   std::string wire = s.reduce_dtype;
   if (ddp.codec) {
@@ -51,7 +36,7 @@ at::ScalarType wire_dtype_of(const ShardingOptions& s, const DistributedDataPara
                         "' needs an all-reduce of whole gradients; sharded gradients are "
                         "reduce-scattered. Use --set compression.codec=average, fp16 or bf16 with "
                         "--set sharding.stage=" + std::to_string(s.stage) +
-                        ", or --set sharding.stage=0 to keep '" + codec + "'.");
+                        ", or keep '" + codec + "' under DistributedDataParallel.");
     }
   }
   if (wire == "fp32") return at::kFloat;
@@ -71,14 +56,17 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
   State& s = *state_;
   if (!module) throw ConfigError("tandem: ShardedDataParallel: module is null.");
   if (!comm) throw ConfigError("tandem: ShardedDataParallel: communicator is null.");
-  if (sharding.stage < 1 || sharding.stage > 3) {
-    throw ConfigError("tandem: ShardedDataParallel: sharding.stage is " +
-                      std::to_string(sharding.stage) +
-                      "; use 1 (optimizer state), 2 (+ gradients) or 3 (+ parameters), e.g. "
-                      "--set sharding.stage=3 (stage 0 is DistributedDataParallel).");
-  }
+  s.shards = ShardingPolicy::of_stage(sharding.stage);
   const int world = comm->size();
-  const int group = sharding.group_size == 0 ? world : sharding.group_size;
+  if (!s.shards.optimizer_state && sharding.group_size != 0) {
+    throw ConfigError("tandem: ShardedDataParallel: sharding.group_size " +
+                      std::to_string(sharding.group_size) + " with sharding.stage=0, which shards "
+                      "nothing; use --set sharding.group_size=0, or a stage of 1 to 3.");
+  }
+  // Nothing sharded: every rank is a shard group of its own, and the replicas all-reduce.
+  const int group = !s.shards.optimizer_state ? 1
+                    : sharding.group_size == 0 ? world
+                                               : sharding.group_size;
   if (group < 1 || world % group != 0) {
     throw ConfigError("tandem: ShardedDataParallel: sharding.group_size " +
                       std::to_string(sharding.group_size) + " does not divide the world size " +
@@ -91,10 +79,7 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
                       sharding.backward_prefetch +
                       "' is not pre or post (--set sharding.backward_prefetch=post).");
   }
-  if (!(ddp.bucket_cap_mb > 0) || !(ddp.first_bucket_cap_mb > 0)) {
-    throw ConfigError("tandem: ShardedDataParallel: ddp.bucket_cap_mb and ddp.first_bucket_cap_mb "
-                      "must be positive (--set ddp.bucket_cap_mb=25).");
-  }
+  s.caps = bucket_caps(ddp, "ShardedDataParallel");
   check_mixed_precision(ddp.mixed_precision, "ShardedDataParallel");
   s.wire_dtype = wire_dtype_of(sharding, ddp);
   s.mixed = ddp.mixed_precision;
@@ -120,7 +105,7 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
       s.world->broadcast(u.flat, 0)->wait();
       const int64_t begin = static_cast<int64_t>(s.shard_rank()) * u.shard_numel;
       if (s.mixed.enabled()) s.lower_precision(u);  // the shard takes the fp32 values first
-      if (s.stage() == 3) {
+      if (s.shards.parameters) {
         if (!s.mixed.enabled()) {
           detail::copy_without_version_bump(u.shard, u.flat.narrow(0, begin, u.shard_numel));
         }
@@ -135,12 +120,7 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
     }
     for (auto& t : s.buffers) s.world->broadcast(t, 0)->wait();
   }
-  for (size_t p = 0; p < s.params.size(); ++p) {
-    auto acc = torch::autograd::impl::grad_accumulator(s.params[p]);
-    acc->add_post_hook(std::make_unique<GradReadyHook>(state_, static_cast<int64_t>(p)));
-    s.accumulator_index[acc.get()] = static_cast<int64_t>(p);
-    s.accumulators.push_back(std::move(acc));
-  }
+  s.accumulators = detail::GradAccumulators(s.params, state_);
   for (auto& p : s.params) s.param_versions.push_back(p._version());
 }
 
@@ -172,7 +152,7 @@ void ShardedDataParallelCore::pre_forward() {
   if (fresh_gradients) {
     for (auto& u : s.units) u.stale = true;  // the optimizer consumed them: shards may have moved
   }
-  if (s.stage() == 1 && fresh_gradients) {
+  if (!s.shards.gradients && fresh_gradients) {
     // The last synchronised backward was consumed by the optimizer step; accumulate anew.
     for (auto& u : s.units) {
       if (u.grad_flat.defined()) u.grad_flat.zero_();
@@ -182,9 +162,9 @@ void ShardedDataParallelCore::pre_forward() {
   s.forward_order.clear();
   for (size_t u = 0; u < s.units.size(); ++u) {
     s.units[u].forward_ran = false;
-    if (s.stage() == 3 && static_cast<int>(u) != s.root) s.release(static_cast<int>(u));
+    if (s.shards.parameters && static_cast<int>(u) != s.root) s.release(static_cast<int>(u));
   }
-  if (s.stage() < 3) {
+  if (!s.shards.parameters) {
     for (size_t u = 0; u < s.units.size(); ++u) s.gather(static_cast<int>(u), false);
     for (size_t u = 0; u < s.units.size(); ++u) s.wait_gathered(static_cast<int>(u));
   } else {
@@ -201,7 +181,7 @@ void ShardedDataParallelCore::pre_forward() {
 void ShardedDataParallelCore::post_forward(const std::vector<at::Tensor>& outputs) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.stage() == 3 && !s.order_checked) {
+  if (s.shards.parameters && !s.order_checked) {
     // The collectives of every later step follow this order: it must be the same everywhere.
     std::string order;
     for (int u : s.forward_order) order += s.units[u].name + "\n";
@@ -216,7 +196,7 @@ void ShardedDataParallelCore::post_forward(const std::vector<at::Tensor>& output
   for (const auto& o : outputs) any = any || (o.defined() && o.requires_grad());
   if (!torch::autograd::GradMode::is_enabled() || !any) {
     s.last_forward_order = s.forward_order;
-    if (s.stage() == 3) {
+    if (s.shards.parameters) {
       for (size_t u = 0; u < s.units.size(); ++u) s.release(static_cast<int>(u));
     }
     return;
@@ -235,7 +215,7 @@ void ShardedDataParallelCore::shadow_step(bool sync) {
   try {
     pre_forward();
     // Stage 3: each unit's forward gathers, in the order every rank ran them last step.
-    if (s.stage() == 3) {
+    if (s.shards.parameters) {
       for (int u : std::vector<int>(s.last_forward_order)) {
         s.before_forward(u);
         s.after_forward(u, {});
@@ -300,12 +280,7 @@ void ShardedDataParallelCore::check_optimizer_parameters(
                     "build it over sdp.parameters().");
 }
 
-ShardedDataParallelCore::NoSyncGuard::NoSyncGuard(ShardedDataParallelCore& core)
-    : core_(core), previous_(core.state_->sync) {
-  core_.state_->sync = false;
-}
-
-ShardedDataParallelCore::NoSyncGuard::~NoSyncGuard() { core_.state_->sync = previous_; }
+NoSyncGuard ShardedDataParallelCore::no_sync() { return NoSyncGuard(state_->sync); }
 
 std::vector<ShardedDataParallelCore::ParameterSlice> ShardedDataParallelCore::unit_slices(
     size_t shard_index, const at::Tensor& shard) const {
@@ -356,7 +331,17 @@ std::vector<ShardedDataParallelCore::ParameterSlice> ShardedDataParallelCore::pa
 }
 
 const ShardingOptions& ShardedDataParallelCore::options() const { return state_->options; }
-int ShardedDataParallelCore::stage() const { return state_->stage(); }
+int ShardedDataParallelCore::stage() const { return state_->options.stage; }
+const ShardingPolicy& ShardedDataParallelCore::policy() const { return state_->shards; }
+
+ShardingPolicy ShardingPolicy::of_stage(int stage) {
+  if (stage < 0 || stage > 3) {
+    throw ConfigError("tandem: ShardedDataParallel: sharding.stage is " + std::to_string(stage) +
+                      "; use 0 (nothing sharded), 1 (optimizer state), 2 (+ gradients) or 3 "
+                      "(+ parameters), e.g. --set sharding.stage=3.");
+  }
+  return {stage >= 1, stage >= 2, stage >= 3};
+}
 int ShardedDataParallelCore::shard_rank() const { return state_->shard_rank(); }
 int ShardedDataParallelCore::shard_size() const { return state_->shard_size(); }
 
@@ -369,11 +354,12 @@ ShardedDataParallelCore::MemoryUse ShardedDataParallelCore::memory_use() const {
   };
   for (const auto& u : s.units) {
     if (u.numel == 0) continue;
-    m.parameter_bytes += s.stage() < 3 ? bytes(u.flat) : bytes(u.shard) + (u.materialized ? bytes(u.flat) : 0);
-    m.gradient_bytes += bytes(u.grad_flat) + (s.stage() >= 2 ? bytes(u.grad_shard) : 0);
+    m.parameter_bytes += s.shards.parameters ? bytes(u.shard) + (u.materialized ? bytes(u.flat) : 0)
+                                             : bytes(u.flat);
+    m.gradient_bytes += bytes(u.grad_flat) + (s.shards.gradients ? bytes(u.grad_shard) : 0);
   }
   for (const auto& p : s.params) {
-    if (s.stage() >= 2 && p.grad().defined()) m.gradient_bytes += bytes(p.grad());
+    if (s.shards.gradients && p.grad().defined()) m.gradient_bytes += bytes(p.grad());
   }
   return m;
 }

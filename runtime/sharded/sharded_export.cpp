@@ -43,7 +43,7 @@ void State::for_each_full_tensor(
         // The fp32 masters, not their low-precision copy in the model.
         full = at::empty({unit.padded_numel(shard_size())}, unit.master_options);
         shard_comm->allgather(full, unit.shard.detach())->wait();
-      } else if (stage() < 3) {
+      } else if (!shards.parameters) {
         gather(u, false);  // stepped shards first
         wait_gathered(u);
       } else if (!unit.materialized) {

@@ -47,7 +47,7 @@ at::Tensor alias_of(const at::Tensor& t) {
 }  // namespace
 
 bool State::resharded(int u) const {
-  if (stage() < 3 || u == root) return false;
+  if (!shards.parameters || u == root) return false;
   if (!options.reshard_after_forward) return false;
   // The unit that ran last is the first to run backward: keep it (as FSDP does).
   return last_forward_order.empty() || last_forward_order.back() != u;
@@ -56,8 +56,16 @@ bool State::resharded(int u) const {
 void State::gather(int u, bool prefetch) {
   detail::FlatUnit& unit = units[u];
   if (unit.gather_work || unit.numel == 0) return;
-  if (stage() < 3) {
+  if (!shards.parameters) {
     if (!unit.stale && unit.shard._version() == unit.gathered_version) return;  // nothing stepped
+    if (shard_size() == 1) {
+      // The shard is the whole unit (nothing sharded, or one rank): nothing to gather; mixed
+      // precision casts the master into the model's parameters.
+      if (mixed.enabled()) alias_of(unit.flat).copy_(unit.shard.detach());
+      unit.gathered_version = unit.shard._version();
+      unit.stale = false;
+      return;
+    }
   } else {
     if (unit.materialized && !unit.stale) return;
     if (!unit.materialized) detail::allocate_storage(unit.flat);
@@ -68,7 +76,7 @@ void State::gather(int u, bool prefetch) {
   if (mixed.enabled()) {
     unit.gather_input = unit.shard.detach().to(unit.options.dtype().toScalarType());
   } else {
-    unit.gather_input = stage() < 3 ? unit.shard.detach().clone() : unit.shard.detach();
+    unit.gather_input = shards.parameters ? unit.shard.detach() : unit.shard.detach().clone();
   }
   unit.gather_prefetched = prefetch;
   unit.gather_begin_us = trace::enabled() ? trace::now_us() : 0;
@@ -101,7 +109,7 @@ void State::wait_gathered(int u) {
 
 void State::release(int u) {
   detail::FlatUnit& unit = units[u];
-  if (stage() < 3 || !unit.materialized || unit.numel == 0) return;
+  if (!shards.parameters || !unit.materialized || unit.numel == 0) return;
   wait_gathered(u);  // never free memory a collective still writes into
   detail::free_storage(unit.flat);
   unit.materialized = false;
@@ -171,7 +179,7 @@ std::vector<at::Tensor> State::after_forward(int u, std::vector<at::Tensor> outp
 }
 
 bool State::prefetch_in_backward(const char* when) const {
-  return stage() == 3 && options.prefetch && options.backward_prefetch == when;
+  return shards.parameters && options.prefetch && options.backward_prefetch == when;
 }
 
 void State::gather_for_backward(size_t upto, int current) {

@@ -57,7 +57,7 @@ void State::build_units() {
     for (int64_t p : units.back().params) unit_of[p] = static_cast<int>(units.size() - 1);
   };
 
-  if (stage() == 3) {
+  if (shards.parameters) {
     std::map<int64_t, std::string> owner;  // param -> unit name
     for (auto& item : module->named_modules()) {
       auto* unit = dynamic_cast<detail::ShardedUnitBase*>(item.value().get());
@@ -89,7 +89,7 @@ void State::build_units() {
       root = static_cast<int>(units.size() - 1);
     }
   } else {
-    // Stages 1-2: units are gradient buckets, reduced in the order backward fills them.
+    // Stages 0-2: units are gradient buckets, reduced in the order backward fills them.
     std::vector<int64_t> order(params.size());
     std::vector<at::ScalarType> dtypes;
     std::vector<int64_t> bytes;
@@ -98,9 +98,7 @@ void State::build_units() {
       dtypes.push_back(params[p].scalar_type());
       bytes.push_back(params[p].numel() * static_cast<int64_t>(params[p].element_size()));
     }
-    auto plan = plan_buckets(order, dtypes, bytes,
-                             static_cast<int64_t>(ddp.first_bucket_cap_mb * 1024 * 1024),
-                             static_cast<int64_t>(ddp.bucket_cap_mb * 1024 * 1024));
+    auto plan = plan_buckets(order, dtypes, bytes, caps.first_bytes, caps.bytes);
     for (size_t b = 0; b < plan.size(); ++b) {
       std::sort(plan[b].begin(), plan[b].end());  // registration order inside a unit
       add_unit("bucket " + std::to_string(b), std::move(plan[b]));
@@ -148,7 +146,7 @@ void State::lay_out(detail::FlatUnit& u) {
     p.set_data(view);
   }
   const int64_t begin = static_cast<int64_t>(shard_rank()) * u.shard_numel;
-  if (stage() < 3) {
+  if (!shards.parameters) {
     // A leaf over this rank's slice of the flat buffer: stepping it steps the parameters.
     u.shard = at::empty({0}, u.options);
     u.shard.set_(u.flat.storage(), u.flat.storage_offset() + begin, {u.shard_numel}, {1});
@@ -156,8 +154,8 @@ void State::lay_out(detail::FlatUnit& u) {
     u.shard = u.flat.narrow(0, begin, u.shard_numel).clone();
   }
   u.shard.requires_grad_(true);
-  if (stage() == 1 && !mixed.enabled()) {
-    // Stage 1 keeps full gradients: the parameters' .grad live in grad_flat, as DDP's buckets.
+  if (!shards.gradients && !mixed.enabled()) {
+    // Unsharded gradients stay whole: the parameters' .grad live in grad_flat, as DDP's buckets.
     u.grad_flat = at::zeros({u.padded_numel(n)}, u.options);
     for (size_t k = 0; k < u.params.size(); ++k) {
       at::Tensor& p = params[u.params[k]];
@@ -178,9 +176,9 @@ void State::lower_precision(detail::FlatUnit& u) {
     p.set_data(low.narrow(0, u.offsets[k], p.numel()).view(p.sizes()));
   }
   u.flat = low;
-  // Stage 1 keeps full gradients, in the reduce dtype; the parameters' low-precision .grad are
+  // Unsharded gradients stay whole, in the reduce dtype; the parameters' low-precision .grad are
   // copied in when the unit is reduced.
-  if (stage() == 1) u.grad_flat = at::zeros({u.padded_numel(shard_size())}, u.grad_options);
+  if (!shards.gradients) u.grad_flat = at::zeros({u.padded_numel(shard_size())}, u.grad_options);
 }
 
 void State::verify_same_everywhere() {

@@ -13,38 +13,10 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <unordered_set>
 
 namespace tandem {
 
 using State = ShardedDataParallelCore::State;
-
-namespace {
-
-// Parameters whose AccumulateGrad the graph of `outputs` reaches.
-std::vector<char> reachable(const std::vector<at::Tensor>& outputs, size_t count,
-                            const std::unordered_map<const torch::autograd::Node*, int64_t>& index) {
-  std::vector<char> reached(count, 0);
-  std::vector<torch::autograd::Node*> stack;
-  std::unordered_set<torch::autograd::Node*> seen;
-  for (const auto& out : outputs) {
-    if (!out.defined() || !out.requires_grad()) continue;
-    if (auto fn = out.grad_fn()) stack.push_back(fn.get());
-  }
-  while (!stack.empty()) {
-    torch::autograd::Node* node = stack.back();
-    stack.pop_back();
-    if (!seen.insert(node).second) continue;
-    auto it = index.find(node);
-    if (it != index.end()) reached[it->second] = 1;
-    for (const auto& edge : node->next_edges()) {
-      if (edge.function) stack.push_back(edge.function.get());
-    }
-  }
-  return reached;
-}
-
-}  // namespace
 
 void State::arm_backward(const std::vector<at::Tensor>& outputs) {
   mode = sync ? Mode::kSynchronizing : Mode::kAccumulating;
@@ -57,7 +29,7 @@ void State::arm_backward(const std::vector<at::Tensor>& outputs) {
   }
   reduce_order.clear();
   backward_gathers.clear();
-  if (stage() == 3) {
+  if (shards.parameters) {
     for (auto it = forward_order.rbegin(); it != forward_order.rend(); ++it) {
       reduce_order.push_back(*it);
       if (!units[*it].materialized || units[*it].gather_work) backward_gathers.push_back(*it);
@@ -76,7 +48,7 @@ void State::arm_backward(const std::vector<at::Tensor>& outputs) {
   if (ddp.find_unused_parameters) {
     // Parameters this forward cannot reach will get no gradient: count them as arrived now, so
     // their unit is reduced as soon as the rest of it is.
-    const std::vector<char> reached = reachable(outputs, params.size(), accumulator_index);
+    const std::vector<char> reached = accumulators.reachable(outputs);
     for (size_t p = 0; p < params.size(); ++p) {
       if (reached[p]) continue;
       arrived[p] = 1;
@@ -127,7 +99,7 @@ void State::advance_reduces() {
 
 at::Tensor State::reduce_output(detail::FlatUnit& unit) {
   const int64_t S = unit.shard_numel;
-  if (stage() == 1 && unit.grad_options.dtype() == unit.master_options.dtype()) {
+  if (!shards.gradients && unit.grad_options.dtype() == unit.master_options.dtype()) {
     return unit.grad_flat.narrow(0, shard_rank() * S, S);
   }
   if (!unit.grad_shard.defined()) unit.grad_shard = at::empty({S}, unit.master_options);
@@ -141,7 +113,7 @@ void State::reduce(int u) {
   if (unit.numel == 0) return;
   const int n = shard_size();
   const int64_t S = unit.shard_numel;
-  if (stage() >= 2) {
+  if (shards.gradients) {
     // One bucket's full gradients in flight while the next bucket's are computed, rather than
     // every bucket's until the end of backward: the earlier reduce-scatters (in reduce order, as
     // every rank does) had this bucket's backward to run, and finishing them before this
@@ -178,8 +150,22 @@ void State::reduce(int u) {
   }
   at::Tensor output = reduce_output(unit);
   unit.reduce_begin_us = trace::enabled() ? trace::now_us() : 0;
-  if (wire_dtype == unit.grad_options.dtype().toScalarType() &&
-      output.scalar_type() == wire_dtype) {
+  const bool cast = wire_dtype != unit.grad_options.dtype().toScalarType() ||
+                    output.scalar_type() != wire_dtype;
+  if (n == 1) {
+    // Nothing sharded (stage 0): the unit is this rank's whole shard, and the replicas average it
+    // with one all-reduce, as DistributedDataParallel's buckets.
+    const int replicas = replicate_comm ? replicate_comm->size() : 1;
+    at::Tensor in = cast ? (unit.grad_flat / static_cast<double>(replicas)).to(wire_dtype)
+                         : unit.grad_flat;
+    if (replicate_comm) {
+      unit.reduce_work = replicate_comm->allreduce(in, cast ? ReduceOp::kSum : ReduceOp::kAvg);
+    }
+    unit.reduce_pending = true;
+    if (!in.is_alias_of(output)) unit.grad_wire = in;  // finish_reduce copies it into `output`
+    return;
+  }
+  if (!cast) {
     unit.reduce_work = reduce_comm->reduce_scatter(output, unit.grad_flat, ReduceOp::kAvg);
   } else {
     // Low precision on the wire: divided first (no overflow), summed in wire_dtype, cast back.
@@ -188,12 +174,14 @@ void State::reduce(int u) {
     unit.reduce_work = reduce_comm->reduce_scatter(out_wire, unit.grad_wire, ReduceOp::kSum);
     unit.grad_wire = out_wire;  // finish_reduce casts it into `output`
   }
+  unit.reduce_pending = true;
 }
 
 void State::finish_reduce(int u) {
   detail::FlatUnit& unit = units[u];
-  if (unit.numel == 0 || !unit.reduce_work) return;
-  unit.reduce_work->wait();
+  if (unit.numel == 0 || !unit.reduce_pending) return;
+  unit.reduce_pending = false;
+  if (unit.reduce_work) unit.reduce_work->wait();
   unit.reduce_work.reset();
   at::Tensor output = reduce_output(unit);
   if (unit.grad_wire.defined()) {
@@ -210,10 +198,10 @@ void State::finish_reduce(int u) {
                                             static_cast<int64_t>(unit.grad_flat.element_size()))
                           .add("step", step));
   }
-  if (stage() >= 2) unit.grad_flat = at::Tensor();
+  if (shards.gradients) unit.grad_flat = at::Tensor();
   // Hybrid sharding: shards of the same index on the other groups hold the other replicas'
-  // averages; averaging them gives the average over every rank.
-  if (replicate_comm) replicate_comm->allreduce(output, ReduceOp::kAvg)->wait();
+  // averages; averaging them gives the average over every rank (stage 0 did so already).
+  if (replicate_comm && shard_size() > 1) replicate_comm->allreduce(output, ReduceOp::kAvg)->wait();
   at::Tensor& grad = unit.shard.mutable_grad();
   if (!grad.defined() || !grad.is_alias_of(output)) grad = output.detach();
 }
@@ -251,6 +239,9 @@ void State::finalize() {
   last_forward_order = forward_order;
   // The optimizer step comes next: an async checkpoint save must have copied the shards.
   wait_for_checkpoint_staging();
+  // The optimizer steps the shards next, and not every optimizer bumps their version counter
+  // (libtorch's SGD updates p.data()): every unit is gathered again, whoever asks first.
+  for (auto& u : units) u.stale = true;
   ++step;
   mode = Mode::kFinalized;
 }

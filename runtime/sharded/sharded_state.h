@@ -18,6 +18,7 @@
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/runtime/sharded_data_parallel.h>
 
+#include "runtime/data_parallel/grad_ready.h"
 #include "runtime/sharded/flat_unit.h"
 
 #include <torch/csrc/autograd/function.h>
@@ -33,6 +34,7 @@
 namespace tandem {
 
 struct ShardedDataParallelCore::State : detail::UnitHooks,
+                                        detail::GradReadyListener,
                                         std::enable_shared_from_this<ShardedDataParallelCore::State> {
   enum class Mode { kIdle, kAccumulating, kSynchronizing, kFinalized, kUnfinished };
 
@@ -44,6 +46,8 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   std::shared_ptr<Communicator> reduce_comm;     // the same ranks: reduce-scatters
   std::shared_ptr<Communicator> replicate_comm;  // hybrid: same shard index on other groups
   ShardingOptions options;
+  ShardingPolicy shards;                   // what options.stage shards
+  BucketCaps caps;                         // stages 0-2: units are buckets of these sizes
   DistributedDataParallelOptions ddp;
   at::ScalarType wire_dtype = at::kFloat;  // reduce_dtype, or the codec's cast (fp16/bf16)
   MixedPrecisionOptions mixed;             // ddp.mixed_precision: low-precision parameters
@@ -56,8 +60,7 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   std::vector<at::Tensor> frozen;  // parameters not requiring grad: replicated, broadcast once
   std::vector<at::Tensor> buffers;
   std::vector<std::string> buffer_names;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators;
-  std::unordered_map<const torch::autograd::Node*, int64_t> accumulator_index;
+  detail::GradAccumulators accumulators;  // the grad-ready hooks
 
   mutable std::mutex mutex;
   Mode mode = Mode::kIdle;
@@ -109,7 +112,7 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
 
   // runtime/sharded/sharded_reduce.cpp
   void arm_backward(const std::vector<at::Tensor>& outputs);
-  void on_grad_ready(int64_t param);
+  void on_grad_ready(int64_t param) override;
   void mark_ready(int unit);
   void advance_reduces();
   void reduce(int unit);
@@ -122,7 +125,6 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
 
   int shard_rank() const { return shard_comm->rank(); }
   int shard_size() const { return shard_comm->size(); }
-  int stage() const { return options.stage; }
 };
 
 }  // namespace tandem

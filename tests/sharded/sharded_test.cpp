@@ -9,6 +9,10 @@
 #include <mutex>
 
 #include <filesystem>
+#include <fstream>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 namespace tandem::sharded_test {
 namespace {
@@ -41,7 +45,7 @@ class Equivalence : public ::testing::TestWithParam<Case> {};
 
 TEST_P(Equivalence, TwentyAdamWStepsEndWhereDistributedDataParallelEnds) {
   const auto [world, stage] = GetParam();
-  const auto ddp = train(world, 0, 20);
+  const auto ddp = train(world, kDistributedDataParallel, 20);
   const auto sharded = train(world, stage, 20);
   for (int r = 0; r < world; ++r) {
     EXPECT_TRUE(bitwise_equal(sharded[r], sharded[0])) << "rank " << r << " differs from rank 0";
@@ -56,9 +60,9 @@ TEST_P(Equivalence, TwentyAdamWStepsEndWhereDistributedDataParallelEnds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldsAndStages, Equivalence,
-                         ::testing::Values(Case{1, 1}, Case{1, 3}, Case{2, 1}, Case{2, 2},
-                                           Case{2, 3}, Case{3, 1}, Case{3, 2}, Case{3, 3},
-                                           Case{4, 3}),
+                         ::testing::Values(Case{1, 0}, Case{1, 1}, Case{1, 3}, Case{2, 0},
+                                           Case{2, 1}, Case{2, 2}, Case{2, 3}, Case{3, 0},
+                                           Case{3, 1}, Case{3, 2}, Case{3, 3}, Case{4, 3}),
                          [](const auto& info) {
                            return "world" + std::to_string(info.param.world) + "_stage" +
                                   std::to_string(info.param.stage);
@@ -205,7 +209,7 @@ TEST(Sharded, TheConsolidatedExportIsDistributedDataParallelsModel) {
   char dir_template[] = "/tmp/tandem-export-XXXXXX";
   const std::string dir = ::mkdtemp(dir_template);
   for (int stage : {1, 2, 3}) {
-    const auto ddp = train(2, 0, 5);
+    const auto ddp = train(2, kDistributedDataParallel, 5);
     std::vector<std::shared_ptr<NetImpl>> models = {make_net(7), make_net(7)};
     const std::string path = dir + "/stage" + std::to_string(stage) + ".safetensors";
     run_ranks(2, [&](Communicator& comm) {
@@ -337,6 +341,67 @@ TEST(ShardedErrors, ACheckpointWhoseShardingCannotBeMappedIsRefusedOnEveryRank) 
   });
   for (const auto& e : errors) {
     EXPECT_NE(e.find("does not fit: the checkpoint has no parameter 'spare."), std::string::npos) << e;
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// An export SIGKILLed midway leaves its temporary file ("<path>.tmp.<pid>.<n>" of a process that
+// is gone); the next export of that path removes it.
+TEST(Sharded, AnExportRemovesTheTemporaryFileOfAKilledExport) {
+  char dir_template[] = "/tmp/tandem-export-XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  const std::string path = dir + "/model.safetensors";
+  const pid_t killed = ::fork();
+  if (killed == 0) ::_exit(0);
+  ::waitpid(killed, nullptr, 0);
+  std::ofstream(path + ".tmp." + std::to_string(killed) + ".0") << "half an export";
+  std::vector<std::shared_ptr<NetImpl>> models = {make_net(7), make_net(7)};
+  run_ranks(2, [&](Communicator& comm) {
+    ShardingOptions o;
+    o.stage = 3;
+    ShardedDataParallel sdp(models[comm.rank()], borrow(comm), o, small_buckets());
+    sdp.export_model(path);
+  });
+  std::vector<std::string> left;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) left.push_back(e.path().filename());
+  EXPECT_EQ(left, std::vector<std::string>{"model.safetensors"});
+  std::filesystem::remove_all(dir);
+}
+
+// A checkpoint of three blocks into a model of two: the checkpoint's extra parameters are named
+// (the slices this model asks for would all be there), the same on every rank of three, and a
+// width that differs is named with both shapes.
+TEST(ShardedErrors, ACheckpointOfAnotherModelIsRefusedWithTheSameMessageOnEveryRank) {
+  char dir_template[] = "/tmp/tandem-reshard-XXXXXX";
+  const std::string dir = ::mkdtemp(dir_template);
+  run_with_checkpoints(3, 3, dir, 5, 5);
+  const auto errors_loading = [&](const std::vector<std::shared_ptr<NetImpl>>& models) {
+    std::vector<std::string> errors(3);
+    run_ranks(3, [&](Communicator& comm) {
+      ShardingOptions o;
+      o.stage = 3;
+      ShardedDataParallel sdp(models[comm.rank()], borrow(comm), o, small_buckets());
+      CheckpointManagerOptions c;
+      c.directory = dir;
+      c.async = false;
+      c.communicator = borrow(comm);
+      CheckpointManager ckpt(c);
+      sdp.register_checkpoint(ckpt, "model");
+      try {
+        ckpt.resume();
+      } catch (const CheckpointError& e) {
+        errors[comm.rank()] = e.what();
+      }
+    });
+    return errors;
+  };
+  std::vector<std::shared_ptr<NetImpl>> fewer;
+  for (int r = 0; r < 3; ++r) fewer.push_back(make_net(1, false, false, /*block_count=*/2));
+  const auto errors = errors_loading(fewer);
+  for (const auto& e : errors) {
+    EXPECT_NE(e.find("the checkpoint has parameter 'block2."), std::string::npos) << e;
+    EXPECT_NE(e.find("which this model lacks"), std::string::npos) << e;
+    EXPECT_EQ(e, errors[0]);
   }
   std::filesystem::remove_all(dir);
 }

@@ -25,7 +25,10 @@ inline std::shared_ptr<Communicator> borrow(Communicator& comm) {
   return std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
 }
 
-// Parameters of every rank after `steps` AdamW steps; stage 0 is DistributedDataParallel.
+// train()'s stage for DistributedDataParallel (0-3: ShardedDataParallel at that stage).
+constexpr int kDistributedDataParallel = -1;
+
+// Parameters of every rank after `steps` AdamW steps.
 inline std::vector<std::vector<at::Tensor>> train(int world, int stage, int steps,
                                                   ShardingOptions sharding = {},
                                                   bool checkpointed = false) {
@@ -35,7 +38,7 @@ inline std::vector<std::vector<at::Tensor>> train(int world, int stage, int step
   testing::run_ranks(world, [&](Communicator& comm) {
     const int rank = comm.rank();
     auto model = models[rank];
-    if (stage == 0) {
+    if (stage == kDistributedDataParallel) {
       DistributedDataParallel ddp(model, borrow(comm), small_buckets());
       torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(1e-2));
       for (int s = 0; s < steps; ++s) {

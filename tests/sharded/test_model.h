@@ -31,9 +31,10 @@ TORCH_MODULE(Block);
 // in -> 3 blocks (ShardedUnits) -> out; `checkpointed` runs each block under activation
 // checkpointing; `unused` adds a layer no forward uses.
 struct NetImpl : torch::nn::Module {
-  explicit NetImpl(bool checkpointed = false, bool unused = false) : checkpointed_(checkpointed) {
+  explicit NetImpl(bool checkpointed = false, bool unused = false, int block_count = 3)
+      : checkpointed_(checkpointed) {
     in = register_module("in", torch::nn::Linear(10, kWidth));
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < block_count; ++i) {
       blocks.push_back(register_module("block" + std::to_string(i),
                                        ShardedUnit<BlockImpl>(Block())));
     }
@@ -53,11 +54,12 @@ struct NetImpl : torch::nn::Module {
 };
 TORCH_MODULE(Net);
 
-inline std::shared_ptr<NetImpl> make_net(uint64_t seed, bool checkpointed = false, bool unused = false) {
+inline std::shared_ptr<NetImpl> make_net(uint64_t seed, bool checkpointed = false, bool unused = false,
+                                         int block_count = 3) {
   static std::mutex mutex;
   std::lock_guard<std::mutex> lock(mutex);
   torch::manual_seed(seed);
-  return std::make_shared<NetImpl>(checkpointed, unused);
+  return std::make_shared<NetImpl>(checkpointed, unused, block_count);
 }
 
 struct Batch {

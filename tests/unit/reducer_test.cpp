@@ -150,7 +150,7 @@ TEST(Reducer, RejectsBadArguments) {
     EXPECT_THROW(Reducer({p}, {"a"}, nullptr, {}), ConfigError);
     EXPECT_THROW(Reducer({p * 2}, {"not_a_leaf"}, borrow(comm), {}), ConfigError);
     EXPECT_THROW(Reducer({at::zeros({3})}, {"no_grad"}, borrow(comm), {}), ConfigError);
-    ReducerOptions bad;
+    DistributedDataParallelOptions bad;
     bad.first_bucket_cap_mb = -1;
     EXPECT_THROW(Reducer({p}, {"a"}, borrow(comm), bad), ConfigError);
     try {
@@ -189,7 +189,7 @@ TEST_P(ReducerWorlds, ArmedBackwardAveragesPlainLeafTensorsExactly) {
   run_ranks(world, [&](Communicator& comm) {
     auto a = at::zeros({3, 5}).requires_grad_();
     auto b = at::zeros({7}, at::kDouble).requires_grad_();
-    ReducerOptions options;
+    DistributedDataParallelOptions options;
     options.first_bucket_cap_mb = 1e-6;
     options.bucket_cap_mb = 1e-6;
     Reducer reducer({a, b}, {"a", "b"}, borrow(comm), options);

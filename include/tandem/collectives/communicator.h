@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,10 @@ class Work {
 
   // Human-readable description, e.g. "allreduce #12 (sum, 4.00 MiB float32) on ranks [0, 1]".
   virtual std::string describe() const = 0;
+
+  // When the op completed (steady clock) once it has, for timelines; nullopt while in flight, or
+  // where the backend cannot tell (the caller then uses the moment its wait returned).
+  virtual std::optional<std::chrono::steady_clock::time_point> completed_at() { return std::nullopt; }
 };
 
 using WorkPtr = std::shared_ptr<Work>;

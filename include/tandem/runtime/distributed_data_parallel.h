@@ -24,9 +24,8 @@
 #pragma once
 
 #include <tandem/collectives/communicator.h>
-#include <tandem/collectives/grad_codec.h>
+#include <tandem/runtime/data_parallel.h>
 #include <tandem/runtime/join.h>
-#include <tandem/runtime/mixed_precision.h>
 #include <tandem/runtime/reducer.h>
 
 #include <torch/nn/module.h>
@@ -35,8 +34,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <tuple>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -46,24 +43,6 @@ class CheckpointManager;
 namespace detail {
 class MasterWeights;
 }
-
-struct DistributedDataParallelOptions {
-  double bucket_cap_mb = 25.0;        // later buckets close at this size
-  double first_bucket_cap_mb = 1.0;   // the first bucket is small so communication starts early
-  bool find_unused_parameters = false;
-  // .grad tensors live in the buckets: no copy in or out (measured: W1 step overhead 54% -> 22%).
-  // They are plain tensors, so optimizers' zero_grad() works; set false to keep separate .grad.
-  bool gradient_as_bucket_view = true;
-  bool broadcast_buffers = true;         // rank 0's buffers to all ranks before each forward
-  // ddp.overlap: reduce buckets while backward runs (kOn), after it (kOff), or kAuto: overlap
-  // only when this host has a core to spare for communication (LOCAL_WORLD_SIZE x compute threads
-  // < cores); without one, overlapped communication steals the compute's cores and costs more
-  // than it hides (bench data_parallel on 2 cores).
-  enum class Overlap { kAuto, kOn, kOff };
-  Overlap overlap = Overlap::kAuto;
-  std::shared_ptr<GradCodec> codec;      // null: average all-reduce
-  MixedPrecisionOptions mixed_precision; // precision.param_dtype / precision.reduce_in_fp32
-};
 
 // The non-template part of DistributedDataParallel (runtime/data_parallel.cpp).
 class DistributedDataParallelCore : public detail::Joinable {
@@ -77,17 +56,7 @@ class DistributedDataParallelCore : public detail::Joinable {
   void post_forward(const std::vector<at::Tensor>& outputs);
 
   // While the guard lives, forwards and backwards only accumulate gradients locally.
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(DistributedDataParallelCore& core);
-    ~NoSyncGuard();
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-
-   private:
-    DistributedDataParallelCore& core_;
-    bool previous_;
-  };
+  NoSyncGuard no_sync() { return NoSyncGuard(sync_); }
 
   // What a training-state checkpoint saves so a resumed run continues bit for bit: the bucket
   // plan once rebuilt ("ddp/bucket_sizes", "ddp/bucket_params", int64) and the codec's state
@@ -135,40 +104,6 @@ class DistributedDataParallelCore : public detail::Joinable {
   std::shared_ptr<detail::MasterWeights> masters_;  // mixed precision only
 };
 
-namespace detail {
-
-inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) { out.push_back(t); }
-inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
-  out.insert(out.end(), ts.begin(), ts.end());
-}
-template <class... T>
-void collect_tensors(const std::tuple<T...>& t, std::vector<at::Tensor>& out) {
-  std::apply([&](const auto&... e) { (collect_tensors(e, out), ...); }, t);
-}
-template <class A, class B>
-void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
-  collect_tensors(p.first, out);
-  collect_tensors(p.second, out);
-}
-// Non-tensor outputs carry no gradient.
-template <class T>
-void collect_tensors(const T&, std::vector<at::Tensor>&) {}
-
-// The forward of a data-parallel wrapper: core.pre_forward(), the module's forward (floating
-// inputs cast to core.input_dtype() under mixed precision), then core.post_forward() with the
-// output's tensors (what backward starts from).
-template <class Core, class Module, class... Args>
-auto wrapped_forward(Core& core, Module& module, Args&&... args) {
-  core.pre_forward();
-  auto output = module.forward(cast_input(std::forward<Args>(args), core.input_dtype())...);
-  std::vector<at::Tensor> tensors;
-  collect_tensors(output, tensors);
-  core.post_forward(tensors);
-  return output;
-}
-
-}  // namespace detail
-
 template <class Module>
 class DistributedDataParallel {
  public:
@@ -194,9 +129,7 @@ class DistributedDataParallel {
   }
 
   // Gradient accumulation: `{ auto guard = ddp.no_sync(); loss(ddp(x)).backward(); }`.
-  DistributedDataParallelCore::NoSyncGuard no_sync() {
-    return DistributedDataParallelCore::NoSyncGuard(*core_);
-  }
+  NoSyncGuard no_sync() { return core_->no_sync(); }
 
   // Bucket plan and codec state for checkpoints (see DistributedDataParallelCore::state()).
   std::map<std::string, at::Tensor> state() const { return core_->state(); }

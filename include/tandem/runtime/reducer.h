@@ -12,8 +12,8 @@
 // iteration the buckets are rebuilt once from the observed gradient order (rank 0's order wins,
 // so the plan is identical on every rank).
 //
-// Mixed precision: with grad_targets (fp32 masters of low-precision parameters) and
-// options.bucket_dtype, gradients are cast into the buckets as they arrive and the averages land
+// Mixed precision: with grad_targets (fp32 masters of low-precision parameters), gradients are
+// cast into buckets of options.mixed_precision.reduce_dtype() as they arrive and the averages land
 // in the targets' .grad (as bucket views when the dtypes agree).
 //
 // Unused parameters (find_unused_parameters): after forward the autograd graph is walked from the
@@ -21,12 +21,13 @@
 // accumulation, their accumulated) gradient, and a used-map is all-reduced so parameters unused
 // on every rank keep their `.grad` untouched (undefined if never set).
 //
-// Bucket planning is its own unit (tandem/runtime/bucket_plan.h).
+// Bucket planning is its own unit (tandem/runtime/bucket_plan.h); the options are
+// DistributedDataParallel's (tandem/runtime/data_parallel.h).
 //
 // Ownership: shares the parameters, the communicator and the codec; owns the buckets and the
 // grad-ready hooks, which hold the Reducer's state weakly (they do nothing once it is gone).
 // Errors: the constructor throws ConfigError for mismatched names, a null communicator,
-// non-positive caps or a parameter that is not a leaf requiring grad; a forward that starts
+// non-positive caps (naming ddp.bucket_cap_mb) or a parameter that is not a leaf requiring grad; a forward that starts
 // while the previous iteration's reduction is unfinished throws tandem::Error naming the buckets
 // and parameters that never became ready; load_bucket_plan() throws as its comment says.
 // Thread-safety: hooks may fire on autograd threads; the public methods are called from the
@@ -36,6 +37,7 @@
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/grad_codec.h>
 #include <tandem/runtime/bucket_plan.h>
+#include <tandem/runtime/data_parallel.h>
 
 #include <memory>
 #include <string>
@@ -47,28 +49,16 @@ namespace detail {
 struct ReducerState;
 }
 
-struct ReducerOptions {
-  double bucket_cap_mb = 25.0;
-  double first_bucket_cap_mb = 1.0;
-  bool find_unused_parameters = false;
-  bool gradient_as_bucket_view = true;
-  // Launch each bucket's reduction while backward runs (true), or all of them once backward ends
-  // (false: where the machine has no core to spare for communication, overlap only slows compute).
-  bool overlap = true;
-  // The dtype of the buckets (mixed precision: float32 for low-precision parameters); Undefined:
-  // each parameter's own.
-  at::ScalarType bucket_dtype = at::ScalarType::Undefined;
-};
-
 class Reducer {
  public:
   // `params` are leaf tensors requiring grad, `names` their qualified names (same length).
+  // Of `options`: the caps, find_unused_parameters, gradient_as_bucket_view, overlap (kAuto:
+  // overlap_pays()), the codec (null: average) and mixed_precision (the buckets' dtype).
   // `grad_targets` (empty: `params`) are the tensors whose .grad receive the averaged gradients,
   // one per parameter with as many elements (mixed precision: the fp32 masters); a parameter's own
   // .grad is then released once it has been copied into its bucket.
   Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
-          std::shared_ptr<Communicator> comm, ReducerOptions options,
-          std::shared_ptr<GradCodec> codec = make_average_codec(),
+          std::shared_ptr<Communicator> comm, const DistributedDataParallelOptions& options,
           std::vector<at::Tensor> grad_targets = {});
   ~Reducer();
   Reducer(const Reducer&) = delete;

@@ -13,6 +13,9 @@
 // elements [r * S, (r + 1) * S) of every unit. `parameters()` returns one leaf tensor per unit,
 // this rank's slice, and the optimizer steps those; since AdamW, Adam, SGD and the other
 // element-wise optimizers treat every element alike, stepping slices equals stepping the whole.
+// A stage is what it shards (ShardingPolicy):
+//   stage 0: nothing: every rank holds the whole unit and the replicas all-reduce its gradients
+//            (DistributedDataParallel's semantics; that wrapper is the faster choice).
 //   stage 1: full parameters and gradients stay on every rank; the optimizer state is sharded.
 //            Units are gradient buckets (ddp.bucket_cap_mb), reduced while backward runs.
 //   stage 2: gradients are sharded too: a bucket's gradients are reduce-scattered as soon as
@@ -76,7 +79,7 @@ class CheckpointManager;
 
 // Config section `sharding` (docs/sharded_data_parallel.md).
 struct ShardingOptions {
-  int stage = 0;                      // sharding.stage: 0 = off (replicate), 1, 2 or 3
+  int stage = 0;                      // sharding.stage: 0 = nothing sharded (replicate), 1, 2 or 3
   bool reshard_after_forward = true;  // sharding.reshard_after_forward: stage 3 frees a unit's
                                       // full parameters after its forward (false: after backward)
   bool prefetch = true;               // sharding.prefetch: gather the next unit while one computes
@@ -87,6 +90,15 @@ struct ShardingOptions {
   int group_size = 0;                 // sharding.group_size: ranks a shard spans (0: all; hybrid
                                       // sharding across groups otherwise; must divide the world)
   std::string reduce_dtype = "fp32";  // sharding.reduce_dtype: fp32 | fp16 | bf16 on the wire
+};
+
+// What a stage shards, each stage adding one: optimizer state (1), gradients (2), parameters (3).
+struct ShardingPolicy {
+  bool optimizer_state = false;
+  bool gradients = false;
+  bool parameters = false;
+  // Throws ConfigError (naming sharding.stage) outside 0..3.
+  static ShardingPolicy of_stage(int stage);
 };
 
 class ShardedDataParallelCore;
@@ -218,17 +230,8 @@ class ShardedDataParallelCore : public detail::Joinable {
   // the model's own parameters would update replicas that the next gather overwrites).
   void check_optimizer_parameters(const std::vector<at::Tensor>& optimizer_params) const;
 
-  class NoSyncGuard {
-   public:
-    explicit NoSyncGuard(ShardedDataParallelCore& core);
-    ~NoSyncGuard();
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
-
-   private:
-    ShardedDataParallelCore& core_;
-    bool previous_;
-  };
+  // While the guard lives, forwards and backwards only accumulate gradients locally.
+  NoSyncGuard no_sync();
 
   // Writes the whole model - every parameter and buffer under its name - as one safetensors file
   // at `path` for inference (tandem/checkpoint/safetensors.h reads it back). Streams: one unit's
@@ -266,6 +269,7 @@ class ShardedDataParallelCore : public detail::Joinable {
 
   const ShardingOptions& options() const;
   int stage() const;
+  const ShardingPolicy& policy() const;
   // The dtype floating inputs of the forward are cast to (mixed precision), or Undefined.
   at::ScalarType input_dtype() const;
   // This rank's position in its shard group and the group's size.
@@ -340,7 +344,7 @@ class ShardedDataParallel {
                           torch::optim::Optimizer& optimizer) {
     core_->register_optimizer(ckpt, name, optimizer);
   }
-  ShardedDataParallelCore::NoSyncGuard no_sync() { return ShardedDataParallelCore::NoSyncGuard(*core_); }
+  NoSyncGuard no_sync() { return core_->no_sync(); }
 
   const std::shared_ptr<Module>& module() const { return module_; }
   ShardedDataParallelCore& core() { return *core_; }

@@ -1,0 +1,39 @@
+// The data-parallel seam's functions (tandem/runtime/data_parallel.h).
+#include <tandem/runtime/data_parallel.h>
+
+#include <tandem/base/errors.h>
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <thread>
+
+namespace tandem {
+
+BucketCaps bucket_caps(const DistributedDataParallelOptions& options, const char* who) {
+  const auto bytes = [](double mb) { return static_cast<int64_t>(mb * 1024 * 1024); };
+  const bool good = options.bucket_cap_mb > 0 && options.first_bucket_cap_mb > 0 &&
+                    std::isfinite(options.bucket_cap_mb) &&
+                    std::isfinite(options.first_bucket_cap_mb) &&
+                    bytes(options.bucket_cap_mb) > 0 && bytes(options.first_bucket_cap_mb) > 0;
+  if (!good) {
+    throw ConfigError(std::string("tandem: ") + who + ": ddp.bucket_cap_mb (" +
+                      std::to_string(options.bucket_cap_mb) + ") and ddp.first_bucket_cap_mb (" +
+                      std::to_string(options.first_bucket_cap_mb) +
+                      ") must be positive sizes in MiB (--set ddp.bucket_cap_mb=25).");
+  }
+  return {bytes(options.first_bucket_cap_mb), bytes(options.bucket_cap_mb)};
+}
+
+bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm) {
+  if (overlap != DistributedDataParallelOptions::Overlap::kAuto) {
+    return overlap == DistributedDataParallelOptions::Overlap::kOn;
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  const char* local = std::getenv("LOCAL_WORLD_SIZE");  // the launcher contract (dist_env.h)
+  const int ranks_here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : comm.size();
+  return cores == 0 || static_cast<unsigned>(ranks_here * at::get_num_threads()) < cores;
+}
+
+}  // namespace tandem
