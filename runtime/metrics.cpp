@@ -91,14 +91,13 @@ ProgressLogger::~ProgressLogger() {
 void ProgressLogger::track_overlap(const Reducer& reducer) {
   const Reducer* r = &reducer;
   reducer_ = r;
-  sources_.overlap = [r]() -> std::optional<double> {
-    const double hidden = r->last_overlap_seconds(), waited = r->last_wait_seconds();
-    if (!(hidden + waited > 0)) return std::nullopt;
-    return hidden / (hidden + waited);
+  sources_.reduction = [r]() -> std::optional<ReductionTimes> {
+    return ReductionTimes{r->last_overlap_seconds(), r->last_wait_seconds()};
   };
 }
 
-void ProgressLogger::publish_live(int64_t step, double loss, int64_t samples) {
+void ProgressLogger::publish_live(int64_t step, double loss, int64_t samples,
+                                  const std::optional<ReductionTimes>& reduction) {
   if (!live_->enabled()) return;
   const double now = sources_.clock();
   detail::LiveSample& s = *live_sample_;
@@ -106,10 +105,11 @@ void ProgressLogger::publish_live(int64_t step, double loss, int64_t samples) {
   s.samples += samples;
   s.loss = loss;
   s.step_seconds = now - last_step_s_;
+  if (reduction) {
+    s.comm_seconds = reduction->hidden_s + reduction->waited_s;
+    s.exposed_comm_seconds = reduction->waited_s;
+  }
   if (reducer_ != nullptr) {
-    const double hidden = reducer_->last_overlap_seconds(), waited = reducer_->last_wait_seconds();
-    s.comm_seconds = hidden + waited;
-    s.exposed_comm_seconds = waited;
     s.wire_bytes[reducer_->codec().name()] += reducer_->codec().bytes_sent_last_step();
   }
   live_->update(s, now, total_steps_ > 0 && step == total_steps_);
@@ -120,7 +120,13 @@ std::optional<ProgressRecord> ProgressLogger::step(int64_t step, double loss, in
   memory::sample_allocator_counter();
   window_samples_ += samples;
   window_steps_ += 1;
-  publish_live(step, loss, samples);
+  const std::optional<ReductionTimes> reduction =
+      sources_.reduction ? sources_.reduction() : std::nullopt;
+  if (reduction) {
+    window_reduction_.hidden_s += reduction->hidden_s;
+    window_reduction_.waited_s += reduction->waited_s;
+  }
+  publish_live(step, loss, samples, reduction);
   if (rank_ != 0) return std::nullopt;
   const bool due = (options_.log_every > 0 && step % options_.log_every == 0) ||
                    (total_steps_ > 0 && step == total_steps_ && options_.log_every > 0);
@@ -138,10 +144,12 @@ std::optional<ProgressRecord> ProgressLogger::step(int64_t step, double loss, in
     r.eta_s = window / static_cast<double>(window_steps_) * static_cast<double>(left);
   }
   r.peak_bytes = sources_.peak_bytes();
-  if (sources_.overlap) r.overlap = sources_.overlap();
+  const double reduction_s = window_reduction_.hidden_s + window_reduction_.waited_s;
+  if (reduction_s > 0) r.overlap = window_reduction_.hidden_s / reduction_s;
   window_start_s_ = now;
   window_samples_ = 0;
   window_steps_ = 0;
+  window_reduction_ = {};
   *out_ << format_line(r) << std::endl;
   if (file_ != nullptr) {
     const std::string line = format_json(r) + "\n";

@@ -10,8 +10,10 @@
 // `step` is the number of steps done (1-based); `samples` is what this rank processed in that
 // step; samples/s is global (times `world`), measured since the previous line; ETA extrapolates
 // that pace. Peak memory is the installed tandem CPU allocator's allocated-bytes high-water mark
-// when one is installed (memory/cpu_allocator.h), else the process's maximum RSS. Overlap is the
-// share of the last backward's gradient reduction that ran while backward was still computing.
+// when one is installed (memory/cpu_allocator.h), else the process's maximum RSS. Overlap: of the
+// time the gradient reduction took in the steps since the previous line, the share that ran while
+// backward was still computing (sum of hidden / sum of hidden + waited after backward): the same
+// "hidden" share as the timeline summary's (docs/timeline.md), for the gradient reduction only.
 // Other ranks print and write nothing. Under tandemrun --metrics-port every rank also publishes
 // live metrics for tandemrun's Prometheus endpoint (docs/metrics.md), at most twice a second.
 //
@@ -46,10 +48,18 @@ class LiveMetrics;
 struct LiveSample;
 }  // namespace detail
 
+// One step's gradient reduction: seconds it ran while backward computed, and seconds waited for
+// it after backward.
+struct ReductionTimes {
+  double hidden_s = 0;
+  double waited_s = 0;
+};
+
 struct ProgressSources {
   std::function<double()> clock;         // seconds, monotonic; default: steady_clock
   std::function<int64_t()> peak_bytes;   // default: allocator peak, else max RSS
-  std::function<std::optional<double>()> overlap;  // 0..1; default: none (not printed)
+  // The last step's reduction, read after every step; default: none (no overlap printed).
+  std::function<std::optional<ReductionTimes>()> reduction;
 };
 
 // One logged step, as printed and written.
@@ -75,8 +85,8 @@ class ProgressLogger {
   // Call once per step. Returns the record when this step was logged (on rank 0).
   std::optional<ProgressRecord> step(int64_t step, double loss, int64_t samples);
 
-  // Overlap from a DistributedDataParallel's reducer (reducer.last_overlap_seconds()/wait). The
-  // reducer must outlive the logger.
+  // Overlap from a DistributedDataParallel's reducer (reducer.last_overlap_seconds()/wait, each
+  // step). The reducer must outlive the logger.
   void track_overlap(const Reducer& reducer);
 
   static std::string format_line(const ProgressRecord& r);
@@ -85,7 +95,8 @@ class ProgressLogger {
   static std::string format_duration(double seconds);
 
  private:
-  void publish_live(int64_t step, double loss, int64_t samples);
+  void publish_live(int64_t step, double loss, int64_t samples,
+                    const std::optional<ReductionTimes>& reduction);
   MetricsOptions options_;
   int64_t total_steps_;
   int rank_;
@@ -97,6 +108,7 @@ class ProgressLogger {
   double window_start_s_ = 0;
   int64_t window_samples_ = 0;
   int64_t window_steps_ = 0;
+  ReductionTimes window_reduction_;  // summed over the steps since the last line
   // Live metrics (every rank; a no-op unless tandemrun asked for them).
   const Reducer* reducer_ = nullptr;
   std::unique_ptr<detail::LiveMetrics> live_;
