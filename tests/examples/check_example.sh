@@ -47,16 +47,23 @@ case "$kind" in
     echo "final loss: fp32 $a, bf16 $b"
     ;;
   sharded)
-    # Under the config's memory cap, stage 3 trains and DistributedDataParallel runs out of memory
-    # with a message that says to shard.
-    out="$(run "$binary" --config "$configs/train_sharded.yaml" --set train.steps=20)"; echo "$out"
+    # Under the config's memory cap, stage 3 trains, checkpoints, resumes and exports; stage 0
+    # (nothing sharded) runs out of memory with a message that says to shard.
+    out="$(run "$binary" --config "$configs/train_sharded.yaml" --set train.steps=20 \
+           --set checkpoint.every_n_steps=10)"; echo "$out"
     awk '/trained 20 steps at sharding.stage=3/ { for (i = 1; i <= NF; i++) if ($i == "->") last = $(i + 1) }
          END { exit !(last != "" && last + 0 < 3.0) }' <<<"$out" || fail "stage 3 did not train under the cap"
+    [ -s train_sharded.safetensors ] || fail "no exported model train_sharded.safetensors"
+    more="$(run "$binary" --config "$configs/train_sharded.yaml" --set train.steps=30 \
+            --set checkpoint.every_n_steps=10)"; echo "$more"
+    grep -q "resumed from the checkpoint of step 20" <<<"$more" || fail "the second run did not resume"
+    grep -q "trained 10 steps at sharding.stage=3" <<<"$more" || fail "the resumed run did not train 10 steps"
     status=0
-    ddp="$(run "$binary" --config "$configs/train_sharded.yaml" --set train.steps=20 --set sharding.stage=0)" || status=$?
+    ddp="$(run "$binary" --config "$configs/train_sharded.yaml" --set train.steps=20 --set sharding.stage=0 \
+           --set checkpoint.directory=stage0)" || status=$?
     echo "$ddp"
-    [ "$status" -ne 0 ] || fail "DistributedDataParallel fit under the cap"
-    grep -q "OutOfMemoryError" <<<"$ddp" || fail "DistributedDataParallel did not fail with an out-of-memory error"
+    [ "$status" -ne 0 ] || fail "stage 0 fit under the cap"
+    grep -q "OutOfMemoryError" <<<"$ddp" || fail "stage 0 did not fail with an out-of-memory error"
     grep -q -- "--set sharding.stage=3" <<<"$ddp" || fail "the out-of-memory message does not say to shard"
     ;;
   compressed)
