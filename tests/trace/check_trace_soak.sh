@@ -24,6 +24,9 @@ while kill -0 "$job" 2>/dev/null; do
   for pid in $(pgrep -P "$job" -x train_lm || true); do
     kib="$(hwm_kib "$pid")"
     [ -n "$kib" ] || continue
+    # Only while training: the torch 2.11 wheel's exit-time destructors, which run on the one
+    # thread left, raise VmHWM by about 100 MB after the last step (teardown, not growth).
+    [ "$(ls "/proc/$pid/task" 2>/dev/null | wc -l)" -ge 2 ] || continue
     last[$pid]="$kib"
     if [ -z "${at50[$pid]:-}" ] && grep -q '"step":50,' m.jsonl 2>/dev/null; then at50[$pid]="$kib"; fi
   done
