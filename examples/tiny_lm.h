@@ -42,7 +42,7 @@ struct BlockImpl : torch::nn::Module {
     auto parts = qkv(ln1(x)).view({b, t, 3, heads, hd}).permute({2, 0, 3, 1, 4});
     auto q = parts[0], k = parts[1], v = parts[2];  // [b, heads, t, hd]
     auto scores = torch::matmul(q, k.transpose(-2, -1)) / std::sqrt(static_cast<double>(hd));
-    auto causal = torch::ones({t, t}, torch::kBool).triu(1);
+    auto causal = torch::ones({t, t}, x.options().dtype(torch::kBool)).triu(1);
     scores = scores.masked_fill(causal, -std::numeric_limits<float>::infinity());
     auto attended = torch::matmul(torch::softmax(scores, -1), v);
     auto h = x + proj(attended.transpose(1, 2).reshape({b, t, d}));
@@ -70,7 +70,7 @@ struct TinyLmImpl : torch::nn::Module {
 
   // ids: [batch, t] int64 with t <= context. Returns logits [batch, t, vocab].
   torch::Tensor forward(const torch::Tensor& ids) {
-    auto pos = torch::arange(ids.size(1), torch::kLong);
+    auto pos = torch::arange(ids.size(1), ids.options());
     return head(ln(blocks->forward(tokens(ids) + positions(pos))));
   }
 
@@ -155,7 +155,7 @@ inline std::string generate(TinyLm& model, const std::string& prompt, int64_t n)
     const auto start = text.size() > static_cast<std::size_t>(model->config.context)
                            ? text.size() - static_cast<std::size_t>(model->config.context)
                            : 0;
-    auto ids = text_tensor(text.substr(start)).unsqueeze(0);
+    auto ids = text_tensor(text.substr(start)).unsqueeze(0).to(model->head->weight.device());
     auto next = model(ids).select(1, ids.size(1) - 1).argmax(-1).item<int64_t>();
     text.push_back(static_cast<char>(next));
   }

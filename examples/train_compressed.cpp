@@ -28,14 +28,16 @@ struct Outcome {
 // Trains the LM for `steps` with `codec` and returns the final mean loss over ranks and traffic.
 Outcome train_once(const std::shared_ptr<tandem::Communicator>& world,
                    const std::shared_ptr<tandem::GradCodec>& codec, const torch::Tensor& data,
-                   const tandem::TrainOptions& train) {
+                   const tandem::TrainOptions& train, const c10::Device& device) {
   const int64_t steps = train.steps, batch = train.batch_size;
   const uint64_t seed = train.seed;
   const tiny_lm::LmConfig lm;
   torch::manual_seed(seed);
   tiny_lm::TinyLm model(lm);
+  model->to(device);
   tandem::DistributedDataParallelOptions options;
   options.codec = codec;
+  options.device = device;
   tandem::DistributedDataParallel ddp(model, world, options);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(train.lr));
   Outcome out;
@@ -73,9 +75,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     const auto& train = config.train;
-    const auto data = tiny_lm::text_tensor(tiny_lm::synthetic_text(1 << 17, train.seed));
-    const Outcome plain = train_once(ctx.world(), tandem::make_average_codec(), data, train);
-    const Outcome compressed = train_once(ctx.world(), codec, data, train);
+    const auto data =
+        tiny_lm::text_tensor(tiny_lm::synthetic_text(1 << 17, train.seed)).to(ctx.device());
+    const Outcome plain =
+        train_once(ctx.world(), tandem::make_average_codec(), data, train, ctx.device());
+    const Outcome compressed = train_once(ctx.world(), codec, data, train, ctx.device());
     if (ctx.rank() == 0) {
       auto mib = [](double b) { return b / (1 << 20); };
       std::printf("%d ranks, %lld steps each, same seed and batches\n", ctx.world_size(),

@@ -29,7 +29,7 @@ namespace {
 uint64_t parameter_checksum(tiny_lm::TinyLm& model) {
   tandem::Xxh3Stream hash;
   for (const auto& p : model->parameters()) {
-    const auto c = p.detach().contiguous();
+    const auto c = p.detach().to(at::kCPU).contiguous();  // hashed on the host
     hash.update(c.data_ptr(), c.nbytes());
   }
   return hash.digest();
@@ -66,9 +66,10 @@ int main(int argc, char** argv) {
 
     const tiny_lm::LmConfig lm;
     const uint64_t seed = train.seed;
-    const auto data = tiny_lm::text_tensor(tiny_lm::synthetic_text(1 << 16, seed));
+    const auto data = tiny_lm::text_tensor(tiny_lm::synthetic_text(1 << 16, seed)).to(ctx.device());
     torch::manual_seed(seed);
     tiny_lm::TinyLm model(lm);
+    model->to(ctx.device());  // train.device
     tandem::DistributedDataParallel ddp(model, ctx.world(), ctx.config().ddp);
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(train.lr));
     tandem::CheckpointManager ckpt(options);

@@ -49,11 +49,12 @@ int main(int argc, char** argv) {
 
     const std::string text = train.data.empty() ? tiny_lm::synthetic_text(1 << 18, train.seed)
                                                 : tiny_lm::read_text(train.data, 4 * lm.context);
-    const auto data = tiny_lm::text_tensor(text);
+    const auto data = tiny_lm::text_tensor(text).to(ctx.device());  // train.device
 
     torch::manual_seed(
         train.seed);  // same initial weights everywhere (DistributedDataParallel checks)
     tiny_lm::TinyLm model(lm);
+    model->to(ctx.device());
     tandem::DistributedDataParallel ddp(model, ctx.world(), ctx.config().ddp);
     // The fp32 masters under mixed precision (precision.param_dtype), else the parameters.
     torch::optim::AdamW opt(ddp.parameters(),
@@ -63,9 +64,10 @@ int main(int argc, char** argv) {
     if (rank == 0) {
       int64_t params = 0;
       for (const auto& p : model->parameters()) params += p.numel();
-      std::printf("train_lm: %lld parameters, %d ranks x %lld sequences of %lld bytes, "
+      std::printf("train_lm: %lld parameters on %s, %d ranks x %lld sequences of %lld bytes, "
                   "gradients: %s, parameters %s, autocast %s, text %zu bytes%s\n",
-                  static_cast<long long>(params), world, static_cast<long long>(train.batch_size),
+                  static_cast<long long>(params), ctx.device().str().c_str(), world,
+                  static_cast<long long>(train.batch_size),
                   static_cast<long long>(lm.context), ctx.config().compression.codec.c_str(),
                   c10::toString(ctx.config().ddp.mixed_precision.param_dtype),
                   precision.autocast == at::kFloat ? "off" : c10::toString(precision.autocast),
@@ -80,7 +82,8 @@ int main(int argc, char** argv) {
       opt.zero_grad();
       torch::Tensor loss;
       {
-        tandem::AutocastGuard autocast(at::kCPU, precision.autocast, precision.autocast != at::kFloat);
+        tandem::AutocastGuard autocast(ctx.device().type(), precision.autocast,
+                                       precision.autocast != at::kFloat);
         loss = tiny_lm::lm_loss(ddp(tiny_lm::lm_inputs(windows)), windows);
       }
       scaler.scale(loss).backward();

@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
   app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
   app.add_option("--lr", lr, "SGD learning rate")->check(CLI::PositiveNumber);
   app.add_option("--log-every", log_every, "progress line every N steps")->check(CLI::PositiveNumber);
+  std::string device_spec = "auto";
+  app.add_option("--device", device_spec, "auto | cpu | cuda | cuda:N (auto: cuda:LOCAL_RANK when a GPU exists)");
   app.add_option("--seed", seed, "seed of model init and data");
   if (const int status = examples::parse_flags(app, argc, argv); status >= 0) return status;
 
@@ -51,6 +53,8 @@ int main(int argc, char** argv) {
     auto dist = tandem::init();
     const int rank = dist.world->rank();
     const int world = dist.world->size();
+    const c10::Device device = tandem::resolve_train_device(
+        device_spec, dist.env.local_rank, device_spec == "cpu" ? 0 : tandem::cuda_device_count());
 
     // Teacher and data depend on the seed only; each rank takes every world-th sample.
     torch::manual_seed(seed);
@@ -63,11 +67,12 @@ int main(int argc, char** argv) {
       targets = teacher(inputs) + 0.01 * torch::randn({samples, 8});
     }
     auto shard = torch::arange(rank, samples, world);
-    inputs = inputs.index_select(0, shard);
-    targets = targets.index_select(0, shard);
+    inputs = inputs.index_select(0, shard).to(device);
+    targets = targets.index_select(0, shard).to(device);
 
     torch::manual_seed(seed + 1);
     Mlp model(32, hidden, 8);
+    model->to(device);
     tandem::DistributedDataParallel ddp(model, dist.world);
     torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(lr).momentum(0.9));
 

@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     }
     model->push_back(torch::nn::Tanh());
     model->push_back(torch::nn::Linear(hidden, 8));
+    model->to(ctx.device());  // train.device
     // A fixed regression task: targets from a random teacher; each data-parallel replica draws
     // its own samples.
     torch::manual_seed(seed + 1);
@@ -69,6 +70,8 @@ int main(int argc, char** argv) {
       torch::NoGradGuard no_grad;
       targets = torch::tanh(teacher(inputs));
     }
+    inputs = inputs.to(ctx.device());
+    targets = targets.to(ctx.device());
 
     tandem::PipelineOptions options = ctx.config().pipeline;  // schedule, microbatches, ...
     if (!schedule_file.empty())

@@ -48,7 +48,7 @@ struct ShardedLmImpl : torch::nn::Module {
 
   // ids: [batch, t] int64. Returns logits [batch, t, vocab].
   torch::Tensor forward(const torch::Tensor& ids) {
-    auto x = tokens(ids) + positions(torch::arange(ids.size(1), torch::kLong));
+    auto x = tokens(ids) + positions(torch::arange(ids.size(1), ids.options()));
     for (auto& block : blocks) x = block(x);
     return head(ln(x));
   }
@@ -90,9 +90,10 @@ int train(tandem::Context& ctx, const tiny_lm::LmConfig& lm, const std::string& 
   const int rank = ctx.rank();
   const std::string text = train.data.empty() ? tiny_lm::synthetic_text(1 << 18, train.seed)
                                               : tiny_lm::read_text(train.data, 4 * lm.context);
-  const auto data = tiny_lm::text_tensor(text);
+  const auto data = tiny_lm::text_tensor(text).to(ctx.device());  // train.device
   torch::manual_seed(train.seed);  // the same initial weights on every rank
   ShardedLm model(lm);
+  model->to(ctx.device());
   if (rank == 0) print_memory_arithmetic(model, lm, config, ctx.world_size());
 
   // sharding.stage 0 shards nothing (each rank holds everything, as DistributedDataParallel);

@@ -4,6 +4,7 @@
 #include <tandem/runtime/context.h>
 
 #include <tandem/base/trace.h>
+#include <tandem/collectives/nccl_communicator.h>
 #include <tandem/memory/cpu_allocator.h>
 #include <tandem/runtime/config_keys.h>
 #include <tandem/runtime/run_main.h>
@@ -15,10 +16,41 @@
 #include <utility>
 
 namespace tandem {
+
+c10::Device resolve_train_device(const std::string& spec, int local_rank, int cuda_devices) {
+  if (spec == "cpu" || (spec == "auto" && cuda_devices == 0)) return c10::Device(c10::kCPU);
+  if (cuda_devices == 0) {
+    throw ConfigError("tandem: train.device is " + spec + ", but this process has no usable CUDA "
+                      "device (none on this machine, or no CUDA part in this build of tandem); "
+                      "--set train.device=cpu (or auto).");
+  }
+  int index = local_rank % cuda_devices;
+  if (spec != "auto" && spec != "cuda") {
+    const auto parsed = spec.rfind("cuda:", 0) == 0 ? strings::parse_int(spec.substr(5))
+                                                    : std::optional<int64_t>();
+    if (!parsed || *parsed < 0) {
+      throw ConfigError("tandem: train.device '" + spec + "' is not auto, cpu, cuda or cuda:N "
+                        "(--set train.device=auto).");
+    }
+    if (*parsed >= cuda_devices) {
+      throw ConfigError("tandem: train.device is " + spec + ", but this machine has " +
+                        std::to_string(cuda_devices) + " CUDA device(s), cuda:0 to cuda:" +
+                        std::to_string(cuda_devices - 1) + "; --set train.device=cuda (the "
+                        "rank's own, cuda:LOCAL_RANK) or auto.");
+    }
+    index = static_cast<int>(*parsed);
+  }
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
+}
+
 Context::Context(LoadedConfig loaded, std::vector<std::string> args)
     : loaded_(std::move(loaded)), args_(std::move(args)) {
   for (auto& a : args_) argv_.push_back(a.data());
   argv_.push_back(nullptr);
+  const std::string& spec = loaded_.config.train.device;
+  device_ = resolve_train_device(spec, loaded_.config.comm.env.local_rank,
+                                 spec == "cpu" ? 0 : cuda_device_count());
+  loaded_.config.ddp.device = device_;  // the wrappers refuse a model left elsewhere
   dist_ = init(loaded_.config.comm);
   if (loaded_.config.allocator.install) {
     allocator_ = memory::install_host_cpu_allocator(loaded_.config.allocator.stack);

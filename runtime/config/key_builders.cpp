@@ -54,6 +54,28 @@ KeySpec timeout_key() {
   return s;
 }
 
+KeySpec device_key() {
+  KeySpec s;
+  s.info.key = "train.device";
+  s.info.type = "choice";
+  s.info.allowed = "auto | cpu | cuda | cuda:N";
+  s.info.doc = "Where the model trains: auto (cuda:LOCAL_RANK when a CUDA device exists, else "
+               "cpu), cpu, cuda (cuda:LOCAL_RANK) or cuda:N.";
+  s.choices = {"auto", "cpu", "cuda", "cuda:0"};
+  s.set = [](Config& c, const std::string& text) -> SetResult {
+    const std::string t = strings::trim(text);
+    const bool indexed = strings::starts_with(t, "cuda:") && strings::parse_int(t.substr(5)) &&
+                         *strings::parse_int(t.substr(5)) >= 0;
+    if (t != "auto" && t != "cpu" && t != "cuda" && !indexed) {
+      return {SetStatus::kChoice, closest(t, {"auto", "cpu", "cuda", "cuda:0"})};
+    }
+    c.train.device = t;
+    return ok();
+  };
+  s.get = [](const Config& c) { return c.train.device; };
+  return s;
+}
+
 KeySpec balance_key() {
   KeySpec s;
   s.info.key = "pipeline.balance";

@@ -193,5 +193,7 @@ KeySpec string_choice(const std::string& key, F ref, const std::vector<std::stri
 KeySpec timeout_key();
 // pipeline.balance: a list of layer counts.
 KeySpec balance_key();
+// train.device: auto | cpu | cuda | cuda:N.
+KeySpec device_key();
 
 }  // namespace tandem::detail

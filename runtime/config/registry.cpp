@@ -243,6 +243,7 @@ std::vector<KeySpec> build() {
   k.push_back(number("train.lr", TANDEM_REF(train.lr), gt(0), "Learning rate."));
   k.push_back(number("train.weight_decay", TANDEM_REF(train.weight_decay), ge(0), "Weight decay."));
   k.push_back(text("train.data", TANDEM_REF(train.data), "Input file (empty: the program's synthetic data)."));
+  k.push_back(device_key());
 
   const Config defaults;
   std::set<std::string> envs;

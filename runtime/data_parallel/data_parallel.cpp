@@ -26,6 +26,26 @@ BucketCaps bucket_caps(const DistributedDataParallelOptions& options, const char
   return {bytes(options.first_bucket_cap_mb), bytes(options.bucket_cap_mb)};
 }
 
+void check_parameter_devices(const std::vector<at::Tensor>& params,
+                             const std::vector<std::string>& names,
+                             const DistributedDataParallelOptions& options, const char* who) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const c10::Device d = params[i].device();
+    if (options.device && d != *options.device) {
+      throw ConfigError(std::string("tandem: ") + who + ": parameter '" + names[i] + "' is on " +
+                        d.str() + " but train.device is " + options.device->str() +
+                        ": move the model there before wrapping it (model->to(ctx.device())), "
+                        "or --set train.device=" + d.str() + ".");
+    }
+    if (d != params[0].device()) {
+      throw ConfigError(std::string("tandem: ") + who + ": parameter '" + names[i] + "' is on " +
+                        d.str() + ", parameter '" + names[0] + "' on " +
+                        params[0].device().str() +
+                        "; a wrapped model lives on one device: move it with model->to(device).");
+    }
+  }
+}
+
 bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm) {
   if (overlap != DistributedDataParallelOptions::Overlap::kAuto) {
     return overlap == DistributedDataParallelOptions::Overlap::kOn;

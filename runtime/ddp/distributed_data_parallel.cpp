@@ -43,7 +43,8 @@ std::string describe_parameters(const std::vector<std::string>& names,
                                  const std::vector<at::Tensor>& params) {
   std::ostringstream out;
   for (size_t i = 0; i < params.size(); ++i) {
-    out << names[i] << " " << params[i].sizes() << " " << params[i].scalar_type() << "\n";
+    out << names[i] << " " << params[i].sizes() << " " << params[i].scalar_type() << " "
+        << params[i].device().type() << "\n";
   }
   return out.str();
 }
@@ -90,6 +91,7 @@ DistributedDataParallelCore::DistributedDataParallelCore(std::shared_ptr<torch::
     params.push_back(item.value());
   }
   for (const auto& item : module_->named_buffers(/*recurse=*/true)) buffers_.push_back(item.value());
+  check_parameter_devices(all_params, all_names, options_, "DistributedDataParallel");
 
   verify_same_parameters(*comm_, describe_parameters(all_names, all_params));
   std::vector<at::Tensor> state = all_params;

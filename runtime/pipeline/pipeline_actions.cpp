@@ -59,7 +59,7 @@ void PipelineParallel::Impl::forward(Stage& st, int k) {
   } else {
     mb.root = h;
     mailbox[{0, s, k}] = h.detach().contiguous();
-    if (rank_of(s + 1) != rank) post_recv(1, s + 1, k, at::empty(h.sizes(), h.scalar_type()));
+    if (rank_of(s + 1) != rank) post_recv(1, s + 1, k, at::empty(h.sizes(), h.options()));
   }
   st.held += mb.bytes;
   st.peak = std::max(st.peak, st.held);
@@ -212,8 +212,9 @@ void PipelineParallel::Impl::run(const Action& a) {
         shape_cache[{s, k}] = {std::vector<int64_t>(m + 2, m + 2 + m[1]), m[0]};
         cached = shape_cache.find({s, k});
       }
-      auto buf =
-          at::empty(cached->second.first, static_cast<at::ScalarType>(cached->second.second));
+      auto buf = at::empty(cached->second.first,
+                           at::TensorOptions(static_cast<at::ScalarType>(cached->second.second))
+                               .device(device));
       comm->recv(buf, peer, tag(0, s, k, 0))->wait();
       mailbox[{0, s, k}] = buf;
       break;
@@ -223,7 +224,7 @@ void PipelineParallel::Impl::run(const Action& a) {
       at::Tensor t = take_posted(1, s, k);
       if (!t.defined()) {
         const at::Tensor& out = stages.at(s - 1).live.at(k).root;
-        t = at::empty(out.sizes(), out.scalar_type());
+        t = at::empty(out.sizes(), out.options());
         comm->recv(t, rank_of(s), tag(1, s, k, 0))->wait();
       }
       mailbox[{1, s, k}] = t;

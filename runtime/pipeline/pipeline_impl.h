@@ -103,6 +103,7 @@ struct PipelineParallel::Impl {
   std::map<std::pair<int, int>, std::pair<std::vector<int64_t>, int64_t>> shape_cache;  // RECV_F
   std::vector<int64_t> last_signature;
   bool send_meta = true;
+  c10::Device device{c10::kCPU};  // where this step's activations live (the input's device)
   std::vector<at::Tensor> micro_inputs, micro_targets;
   std::unique_ptr<detail::SendThread> sender;
   // Receives posted ahead of their RECV action (same tag, so matching is unchanged): the

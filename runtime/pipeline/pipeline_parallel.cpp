@@ -255,11 +255,13 @@ at::Tensor PipelineParallel::train_step(const at::Tensor& input, const at::Tenso
   I.step_start_abs = std::chrono::duration<double>(I.step_start.time_since_epoch()).count();
   I.mailbox.clear();
   I.posted.clear();
+  I.device = input.device();
   if (!I.send_meta) {  // shapes known: post every activation receive now
     for (const Action& a : I.schedule.actions[I.rank]) {
       if (a.op != Op::kRecvForward) continue;
       const auto& [shape, dtype] = I.shape_cache.at({a.stage, a.microbatch});
-      I.post_recv(0, a.stage, a.microbatch, at::empty(shape, static_cast<at::ScalarType>(dtype)));
+      I.post_recv(0, a.stage, a.microbatch,
+                  at::empty(shape, at::TensorOptions(static_cast<at::ScalarType>(dtype)).device(I.device)));
     }
   }
   I.step_loss = at::Tensor();

@@ -7,16 +7,19 @@
 #include <torch/optim/optimizer.h>
 
 #include <ATen/autocast_mode.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/scalar_tensor.h>
+#include <ATen/ops/_amp_foreach_non_finite_check_and_unscale.h>
+#include <ATen/ops/_amp_update_scale.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 
 #include <cmath>
-#include <cstring>
+#include <map>
+#include <tuple>
 
 namespace tandem {
 
 GradScaler::GradScaler(GradScalerOptions options, std::shared_ptr<Communicator> group)
-    : options_(options), group_(std::move(group)), scale_(static_cast<float>(options.init_scale)) {
+    : options_(options), group_(std::move(group)) {
   if (!(options_.init_scale > 0) || !std::isfinite(static_cast<float>(options_.init_scale))) {
     throw ConfigError("tandem: GradScaler: init_scale must be positive and finite in float32, got " +
                       std::to_string(options_.init_scale) + " (--set precision.scaler.init_scale).");
@@ -32,6 +35,20 @@ GradScaler::GradScaler(GradScalerOptions options, std::shared_ptr<Communicator> 
                       std::to_string(options_.growth_interval) +
                       " (--set precision.scaler.growth_interval).");
   }
+  scale_ = at::full({1}, static_cast<float>(options_.init_scale), at::kFloat);
+  growth_tracker_ = at::zeros({1}, at::kInt);
+  found_inf_ = at::zeros({1}, at::kFloat);
+}
+
+void GradScaler::place(const c10::Device& device) {
+  if (placed_ || scale_.device() == device) {
+    placed_ = true;
+    return;
+  }
+  scale_ = scale_.to(device);
+  growth_tracker_ = growth_tracker_.to(device);
+  found_inf_ = found_inf_.to(device);
+  placed_ = true;
 }
 
 GradScaler::Stage& GradScaler::stage_of(torch::optim::Optimizer& optimizer) {
@@ -40,9 +57,10 @@ GradScaler::Stage& GradScaler::stage_of(torch::optim::Optimizer& optimizer) {
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) {
   if (!options_.enabled) return loss;
+  place(loss.device());
   // In float32 whatever the loss's dtype (as PyTorch, whose scale is a float32 tensor): the
   // scaled loss itself cannot overflow; the cast back in backward is where fp16 overflows show.
-  return loss.to(at::kFloat) * at::scalar_tensor(scale_, loss.options().dtype(at::kFloat));
+  return loss.to(at::kFloat) * scale_.to(loss.device(), /*non_blocking=*/true);
 }
 
 void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
@@ -56,27 +74,32 @@ void GradScaler::unscale(torch::optim::Optimizer& optimizer) {
     throw Error("tandem: GradScaler::unscale() after step() for this optimizer: the step already "
                 "used the gradients. Call unscale() before step(), and update() after it.");
   }
-  // As PyTorch's kernel: a value is checked before it is multiplied by 1 / scale (in float32).
-  const float inv = static_cast<float>(1.0 / static_cast<double>(scale_));
-  bool local_inf = false;
   torch::autograd::AutoGradMode no_grad(false);
+  // The fused kernel takes gradients of one device (and, for its fast path, one dtype) at once:
+  // groups keyed by (device type, index, dtype).
+  std::map<std::tuple<int, int, int>, std::vector<at::Tensor>> groups;
   for (auto& group : optimizer.param_groups()) {
     for (auto& p : group.params()) {
-      at::Tensor& g = p.mutable_grad();
+      const at::Tensor& g = p.grad();
       if (!g.defined()) continue;
-      if (!local_inf && !g.isfinite().all().item<bool>()) local_inf = true;
-      if (inv != 1.0f) g.mul_(inv);
+      groups[{static_cast<int>(g.device().type()), g.device().index(),
+              static_cast<int>(g.scalar_type())}].push_back(g);
     }
   }
-  // Every rank learns whether any rank found one, and all skip alike.
-  bool any = local_inf;
-  if (group_ && group_->size() > 1) {
-    at::Tensor flag = at::empty({1}, at::kInt);
-    flag.data_ptr<int32_t>()[0] = local_inf ? 1 : 0;
-    group_->allreduce(flag, ReduceOp::kMax)->wait();
-    any = flag.data_ptr<int32_t>()[0] != 0;
+  if (!placed_ && !groups.empty()) place(groups.begin()->second.front().device());
+  // As PyTorch: the reciprocal in float64, rounded to float32; a value is checked before it is
+  // multiplied by it.
+  const at::Tensor inv = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
+  at::Tensor found = at::zeros({1}, scale_.options());
+  for (auto& [key, grads] : groups) {
+    const c10::Device device = grads.front().device();
+    at::Tensor found_here = device == found.device() ? found : at::zeros({1}, found.options().device(device));
+    at::_amp_foreach_non_finite_check_and_unscale_(grads, found_here, inv.to(device, true));
+    if (!found_here.is_same(found)) found.add_(found_here.to(found.device(), true));
   }
-  found_inf_ = found_inf_ || any;
+  // Every rank learns whether any rank found one, and all skip alike.
+  if (group_ && group_->size() > 1) group_->allreduce(found, ReduceOp::kMax)->wait();
+  found_inf_.add_(found);
   stage = Stage::kUnscaled;
 }
 
@@ -92,7 +115,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (stage_of(optimizer) == Stage::kReady) unscale(optimizer);
   stage_of(optimizer) = Stage::kStepped;
   any_step_ = true;
-  if (found_inf_) return false;
+  if (found_inf()) return false;  // the one host read of the step
   wait_for_checkpoint_staging();  // an async save may still copy the parameters
   optimizer.step();
   return true;
@@ -104,27 +127,19 @@ void GradScaler::update() {
     throw Error("tandem: GradScaler::update() before any step() since the last update(): there is "
                 "no inf check to update from. Call step(optimizer) first.");
   }
-  // PyTorch's _amp_update_scale_ (aten/src/ATen/native/cuda/AmpKernels.cu), in float32.
-  if (found_inf_) {
-    scale_ = scale_ * static_cast<float>(options_.backoff_factor);
-    growth_tracker_ = 0;
-  } else {
-    const int64_t successful = growth_tracker_ + 1;
-    if (successful == options_.growth_interval) {
-      const float grown = scale_ * static_cast<float>(options_.growth_factor);
-      if (std::isfinite(grown)) scale_ = grown;
-      growth_tracker_ = 0;
-    } else {
-      growth_tracker_ = successful;
-    }
-  }
-  found_inf_ = false;
+  at::_amp_update_scale_(scale_, growth_tracker_, found_inf_, options_.growth_factor,
+                         options_.backoff_factor, options_.growth_interval);
+  found_inf_.zero_();
   any_step_ = false;
   stages_.clear();
 }
 
+double GradScaler::get_scale() const { return scale_.item<float>(); }
+int64_t GradScaler::growth_tracker() const { return growth_tracker_.item<int32_t>(); }
+bool GradScaler::found_inf() const { return found_inf_.item<float>() > 0; }
+
 std::map<std::string, CheckpointValue> GradScaler::state() const {
-  return {{"scale", static_cast<double>(scale_)}, {"growth_tracker", growth_tracker_}};
+  return {{"scale", get_scale()}, {"growth_tracker", growth_tracker()}};
 }
 
 void GradScaler::load_state(const std::map<std::string, CheckpointValue>& state) {
@@ -136,8 +151,8 @@ void GradScaler::load_state(const std::map<std::string, CheckpointValue>& state)
     throw ConfigError("tandem: GradScaler::load_state(): expected the values 'scale' (float) and "
                       "'growth_tracker' (int) that state() returns.");
   }
-  scale_ = static_cast<float>(std::get<double>(scale->second));
-  growth_tracker_ = std::get<int64_t>(tracker->second);
+  scale_.fill_(static_cast<float>(std::get<double>(scale->second)));
+  growth_tracker_.fill_(static_cast<int32_t>(std::get<int64_t>(tracker->second)));
 }
 
 void GradScaler::register_checkpoint(CheckpointManager& ckpt, const std::string& name) {

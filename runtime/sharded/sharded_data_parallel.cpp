@@ -96,6 +96,7 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
   if (group < world) s.replicate_comm = s.world->split(rank % group, rank);
 
   s.build_units();
+  check_parameter_devices(s.params, s.names, s.ddp, "ShardedDataParallel");
   s.verify_same_everywhere();
   // Rank 0's values everywhere: each unit's flat buffer, then frozen parameters and buffers.
   {

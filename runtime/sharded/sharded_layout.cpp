@@ -184,7 +184,9 @@ void State::lower_precision(detail::FlatUnit& u) {
 void State::verify_same_everywhere() {
   std::ostringstream mine;
   for (const auto& u : units) {
-    mine << "unit " << u.name << ": " << u.numel << " " << c10::toString(u.options.dtype().toScalarType()) << "\n";
+    mine << "unit " << u.name << ": " << u.numel << " "
+         << c10::toString(u.options.dtype().toScalarType()) << " "
+         << c10::DeviceTypeName(u.options.device().type()) << "\n";
     for (int64_t p : u.params) mine << "  " << names[p] << " " << params[p].sizes() << "\n";
   }
   detail::check_same_on_every_rank(*world, mine.str(), "tandem: ShardedDataParallel: the ranks built "

@@ -78,6 +78,9 @@ struct TrainOptions {
   double lr = 1e-3;
   double weight_decay = 0.0;
   std::string data;  // input file; empty: the program's synthetic data
+  // train.device: where the model trains: auto (cuda:LOCAL_RANK when a CUDA device exists, else
+  // cpu), cpu, cuda (cuda:LOCAL_RANK) or cuda:N. Context::device() resolves it.
+  std::string device = "auto";
 };
 
 struct Config {

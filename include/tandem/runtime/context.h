@@ -14,12 +14,17 @@
 // with trace.enabled the timeline recorder starts (tandem/base/trace.h) and the Context's
 // destructor writes <trace.dir>/rank<R>.json, also when the program failed.
 // Ownership: the Context owns the Distributed (store + world communicator) and the allocator stack.
+// Device: train.device resolved once (resolve_train_device()); config().ddp.device is set to it,
+// so both data-parallel wrappers refuse a model left elsewhere.
 // Thread-safety: const accessors may be called from any thread; not copyable or movable.
-// Errors: InvalidConfigError for the config, ConfigError/TimeoutError from tandem::init.
+// Errors: InvalidConfigError for the config, ConfigError for a train.device this machine lacks,
+// ConfigError/TimeoutError from tandem::init.
 #pragma once
 
 #include <tandem/runtime/config.h>
 #include <tandem/runtime/init.h>
+
+#include <c10/core/Device.h>
 
 #include <map>
 #include <memory>
@@ -30,6 +35,12 @@ namespace tandem {
 namespace memory {
 class HostMemoryStack;
 }
+
+// train.device `spec` (auto | cpu | cuda | cuda:N) for the rank with `local_rank` on a machine
+// with `cuda_devices` usable CUDA devices: auto is cuda:local_rank (modulo the count) when there
+// is one, else cpu; cuda is cuda:local_rank (modulo). ConfigError, naming the key, for cuda
+// without a device or an index out of range.
+c10::Device resolve_train_device(const std::string& spec, int local_rank, int cuda_devices);
 
 class Context {
  public:
@@ -43,6 +54,9 @@ class Context {
   const Config& config() const { return loaded_.config; }
   // Where each key's value came from ("train.yaml:3:5", "TANDEM_X", "--set"; absent: default).
   const std::map<std::string, std::string>& config_sources() const { return loaded_.source; }
+
+  // Where this rank trains (train.device resolved): move the model and the batches there.
+  const c10::Device& device() const { return device_; }
 
   const Distributed& distributed() const { return dist_; }
   const std::shared_ptr<Communicator>& world() const { return dist_.world; }
@@ -71,6 +85,7 @@ class Context {
   std::vector<char*> argv_;
   Distributed dist_;
   std::shared_ptr<memory::HostMemoryStack> allocator_;
+  c10::Device device_{c10::kCPU};
 };
 
 }  // namespace tandem

@@ -20,9 +20,12 @@
 #include <tandem/runtime/mixed_precision.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
 #include <tuple>
 #include <type_traits>
 #include <utility>
@@ -46,6 +49,9 @@ struct DistributedDataParallelOptions {
   Overlap overlap = Overlap::kAuto;
   std::shared_ptr<GradCodec> codec;      // null: average all-reduce
   MixedPrecisionOptions mixed_precision; // precision.param_dtype / precision.reduce_in_fp32
+  // Where every parameter must be (train.device, resolved by tandem::Context); unset: any one
+  // device, the same for all parameters.
+  std::optional<c10::Device> device;
 };
 
 // The bucket caps of `options` in bytes. Throws ConfigError (naming ddp.bucket_cap_mb and
@@ -55,6 +61,12 @@ struct BucketCaps {
   int64_t bytes = 0;
 };
 BucketCaps bucket_caps(const DistributedDataParallelOptions& options, const char* who);
+
+// Throws ConfigError unless every parameter is on options.device (when set) and all on one
+// device: the message names the first parameter elsewhere and what to do. `who`: the wrapper.
+void check_parameter_devices(const std::vector<at::Tensor>& params,
+                             const std::vector<std::string>& names,
+                             const DistributedDataParallelOptions& options, const char* who);
 
 // ddp.overlap resolved for `comm`: kAuto overlaps only when this host has a core to spare for
 // communication (LOCAL_WORLD_SIZE x compute threads < cores).

@@ -10,13 +10,17 @@
 //   scaler.step(opt);                    // skipped when any rank found an inf or a NaN
 //   scaler.update();
 //
-// GradScaler: scale(loss) multiplies by the current scale (float32, initially 2^16); unscale()
-// divides every gradient of the optimizer by it and checks each for inf/NaN; the verdict is
-// all-reduced (max) over `group`, so every rank - data-parallel replicas, shards of a sharded
-// model, stages of a pipeline - skips exactly the same steps. step() unscales if needed and steps
-// unless an inf was found; update() applies PyTorch's rule: an inf multiplies the scale by
+// GradScaler: scale(loss) multiplies by the current scale (float32, initially 2^16), a tensor on
+// the device of the first loss it scales; unscale() divides every gradient of the optimizer by it
+// and checks each for inf/NaN with libtorch's fused kernel (_amp_foreach_non_finite_check_and_
+// unscale_, one launch per device and dtype), and the verdict, a tensor too, is all-reduced (max)
+// over `group`, so every rank - data-parallel replicas, shards of a sharded model, stages of a
+// pipeline - skips exactly the same steps. step() unscales if needed and steps unless an inf was
+// found: the one place the host reads the device (once per step). update() applies PyTorch's
+// rule with its kernel (_amp_update_scale_, on the device): an inf multiplies the scale by
 // backoff_factor and restarts the count, `growth_interval` clean steps in a row multiply it by
-// growth_factor (if the result is finite). The scale and the count are training state
+// growth_factor (if the result is finite). get_scale(), growth_tracker() and found_inf() read
+// the device (for logs and tests, not the training loop). The scale and the count are training state
 // (state()/load_state(), or register with CheckpointManager::add_values). Disabled, every call is
 // a pass-through (scale() returns the loss, step() steps).
 // Ownership: shares the group communicator. Thread-safety: one training thread.
@@ -65,10 +69,11 @@ class GradScaler {
   bool step(torch::optim::Optimizer& optimizer);
   void update();
 
-  double get_scale() const { return scale_; }
-  int64_t growth_tracker() const { return growth_tracker_; }
+  // Read from the device.
+  double get_scale() const;
+  int64_t growth_tracker() const;
   // Whether this step found an inf or NaN on some rank (after unscale()/step()).
-  bool found_inf() const { return found_inf_; }
+  bool found_inf() const;
   bool enabled() const { return options_.enabled; }
 
   std::map<std::string, CheckpointValue> state() const;
@@ -80,11 +85,15 @@ class GradScaler {
   enum class Stage { kReady, kUnscaled, kStepped };
   Stage& stage_of(torch::optim::Optimizer& optimizer);
 
+  // The scale state, moved with the first scaled loss to its device.
+  void place(const c10::Device& device);
+
   GradScalerOptions options_;
   std::shared_ptr<Communicator> group_;
-  float scale_;
-  int64_t growth_tracker_ = 0;
-  bool found_inf_ = false;
+  at::Tensor scale_;           // float32 [1]
+  at::Tensor growth_tracker_;  // int32 [1]
+  at::Tensor found_inf_;       // float32 [1]: > 0 when an inf or NaN was found in this step
+  bool placed_ = false;        // scale_ and the rest live on the first loss's device
   bool any_step_ = false;
   std::map<const torch::optim::Optimizer*, Stage> stages_;
 };
