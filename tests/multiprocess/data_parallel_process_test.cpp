@@ -99,8 +99,9 @@ TEST(DistributedDataParallelProcess, MismatchedModelFailsOnEveryRankWithoutHangi
     ASSERT_TRUE(r.exited) << "rank " << rank << "\n" << r.out << r.err;
     EXPECT_EQ(r.exit_code, 4) << "rank " << rank << "\n" << r.out << r.err;
     EXPECT_TRUE(contains(r.out, "tandem error (ConfigError)")) << r.out;
-    EXPECT_TRUE(contains(r.out, "first difference at parameter #0: rank 0 '0.weight [32, 10] Float'"
-                                " vs rank 1 '0.weight [33, 10] Float'"))
+    EXPECT_TRUE(contains(r.out,
+                         "first difference at parameter #0: rank 0 '0.weight [32, 10] Float cpu'"
+                         " vs rank 1 '0.weight [33, 10] Float cpu'"))
         << r.out;
     EXPECT_LT(r.seconds, 20.0) << r.out;
   }

@@ -232,8 +232,8 @@ void expect_mismatch(int world, const std::function<std::shared_ptr<MlpImpl>()>&
 TEST_P(DistributedDataParallelMismatch, DifferentShapeFailsOnEveryRank) {
   expect_mismatch(
       GetParam(), [] { return make_model<MlpImpl>(0); }, [] { return make_model<MlpImpl>(0, 17); },
-      {"first difference at parameter #4", "rank 0 'fc2.weight [16, 16] Float'",
-       "rank 1 'fc2.weight [17, 16] Float'"});
+      {"first difference at parameter #4", "rank 0 'fc2.weight [16, 16] Float cpu'",
+       "rank 1 'fc2.weight [17, 16] Float cpu'"});
 }
 
 TEST_P(DistributedDataParallelMismatch, DifferentParameterCountFailsOnEveryRank) {
@@ -241,7 +241,7 @@ TEST_P(DistributedDataParallelMismatch, DifferentParameterCountFailsOnEveryRank)
       GetParam(), [] { return make_model<MlpImpl>(0); },
       [] { return make_model<MlpImpl>(0, 16, true); },
       {"Rank 0 has 7 parameters, rank 1 has 9", "first difference at parameter #7",
-       "rank 0 '(none)'", "rank 1 'extra.weight [4, 4] Float'"});
+       "rank 0 '(none)'", "rank 1 'extra.weight [4, 4] Float cpu'"});
 }
 
 TEST_P(DistributedDataParallelMismatch, DifferentDtypeFailsOnEveryRank) {
@@ -252,7 +252,7 @@ TEST_P(DistributedDataParallelMismatch, DifferentDtypeFailsOnEveryRank) {
         m->to(torch::kDouble);
         return m;
       },
-      {"first difference at parameter #0", "rank 0 'mix [2, 2, 2] Float'",
+      {"first difference at parameter #0", "rank 0 'mix [2, 2, 2] Float cpu'",
        "rank 1 'mix [2, 2, 2] Double'"});
 }
 
