@@ -253,7 +253,7 @@ TEST_P(DistributedDataParallelMismatch, DifferentDtypeFailsOnEveryRank) {
         return m;
       },
       {"first difference at parameter #0", "rank 0 'mix [2, 2, 2] Float cpu'",
-       "rank 1 'mix [2, 2, 2] Double'"});
+       "rank 1 'mix [2, 2, 2] Double cpu'"});
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, DistributedDataParallelMismatch, ::testing::Values(2, 3, 4),
