@@ -113,8 +113,8 @@ struct CheckpointManager::Impl {
   // After a failed save: rank 0 removes the step's partial directory; says whether an earlier
   // checkpoint is still there to resume from.
   std::string after_failed_save(int64_t step) const;
-  std::vector<ShardReport> exchange_reports(const ShardReport& mine, bool ok,
-                                            std::vector<int>* failed) const;
+  std::vector<detail::ShardReport> exchange_reports(const detail::ShardReport& mine, bool ok,
+                                                    std::vector<int>* failed) const;
 
   // ---- one save's commit (checkpoint_commit.cpp) ----
   // Phase 1 (every rank) and phase 2 (rank 0) of one save. Every rank runs the same collectives

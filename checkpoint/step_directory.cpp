@@ -5,7 +5,7 @@
 #include <cstring>
 #include <set>
 
-namespace tandem {
+namespace tandem::detail {
 namespace {
 
 constexpr size_t kChunk = size_t{8} << 20;  // hash and write in 8 MiB pieces (cache-warm for the write)
@@ -383,4 +383,4 @@ std::vector<std::string> remove_old_steps(FileSystem& fs, const std::string& roo
   return removed;
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-namespace tandem {
+namespace tandem::detail {
 
 // One tensor to write: contiguous little-endian bytes at `data` (nbytes from dtype and shape).
 // `xxh3` may be filled in already (has_xxh3) to skip hashing it again.
@@ -114,4 +114,4 @@ StepListing list_steps(FileSystem& fs, const std::string& root);
 std::vector<std::string> remove_old_steps(FileSystem& fs, const std::string& root, int keep_last,
                                           int64_t newest_committed);
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -5,7 +5,7 @@
 
 #include <cstdio>
 
-namespace tandem {
+namespace tandem::detail {
 
 std::string OpDescription::str() const {
   std::string s = name + " #" + std::to_string(seq);
@@ -109,4 +109,4 @@ void AsyncWork::wait(std::chrono::milliseconds timeout) {
   if (error_) std::rethrow_exception(error_);
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

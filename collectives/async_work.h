@@ -10,7 +10,7 @@
 #include <mutex>
 #include <string>
 
-namespace tandem {
+namespace tandem::detail {
 
 // What an op is, for messages: "allreduce #12 (sum, 4.00 MiB float32) on ranks [0, 1]".
 struct OpDescription {
@@ -68,4 +68,4 @@ std::string format_elapsed(AsyncWork::Clock::time_point since);
 // "4.00 MiB", "512 B".
 std::string format_bytes(uint64_t bytes);
 
-}  // namespace tandem
+}  // namespace tandem::detail

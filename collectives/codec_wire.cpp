@@ -1,6 +1,6 @@
 #include "collectives/codec_wire.h"
 
-#include "collectives/cast_kernels.h"
+#include "collectives/kernels/cast_kernels.h"
 #include "collectives/gloo/gloo_communicator.h"
 
 #include <ATen/Parallel.h>
@@ -9,7 +9,7 @@
 
 #include <algorithm>
 
-namespace tandem {
+namespace tandem::detail {
 
 namespace {
 
@@ -230,4 +230,4 @@ void ContinuationWork::wait(std::chrono::milliseconds timeout) {
   });
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -12,7 +12,7 @@
 #include <mutex>
 #include <vector>
 
-namespace tandem {
+namespace tandem::detail {
 
 // Forwards every op to `inner` unchanged; subclasses override what they change.
 class ForwardingCommunicator : public Communicator {
@@ -118,4 +118,4 @@ class ContinuationWork final : public Work {
   std::atomic<bool> done_{false};
 };
 
-}  // namespace tandem
+}  // namespace tandem::detail

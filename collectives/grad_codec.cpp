@@ -12,7 +12,7 @@ GradCodec::~GradCodec() = default;
 
 WorkPtr GradCodec::reduce(Communicator& comm, GradBucket& bucket) {
   if (!wire_) {
-    wire_ = std::make_shared<CountingCommunicator>(comm);
+    wire_ = std::make_shared<detail::CountingCommunicator>(comm);
   } else if (&wire_->inner() != &comm) {
     throw ConfigError(
         "tandem: gradient codec '" + name() +
@@ -23,7 +23,7 @@ WorkPtr GradCodec::reduce(Communicator& comm, GradBucket& bucket) {
     wire_->start_step();
     uncompressed_bytes_ = 0;
   }
-  uncompressed_bytes_ += CountingCommunicator::allreduce_bytes(
+  uncompressed_bytes_ += detail::CountingCommunicator::allreduce_bytes(
       static_cast<uint64_t>(bucket.buffer.numel()) * bucket.buffer.element_size(), comm.size());
   trace::Span span("codec encode", trace::kCodec);  // what runs on the caller's thread
   if (trace::enabled()) span.arg("codec", name()).arg("bucket", bucket.index);

@@ -4,7 +4,7 @@
 
 #include <tandem/base/errors.h>
 
-namespace tandem {
+namespace tandem::detail {
 
 namespace {
 
@@ -100,4 +100,4 @@ std::string format_ranks(const std::vector<int>& ranks) {
   return s + "]";
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace tandem {
+namespace tandem::detail {
 
 // Defined, dense, on `device` (CPU for gloo, CUDA for nccl) and of a dtype collectives support.
 void check_tensor(const at::Tensor& t, const char* op, const char* arg, c10::DeviceType device,
@@ -25,4 +25,4 @@ std::string tensor_summary(const at::Tensor& t);
 // "[0, 1, 3]".
 std::string format_ranks(const std::vector<int>& ranks);
 
-}  // namespace tandem
+}  // namespace tandem::detail

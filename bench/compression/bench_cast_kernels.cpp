@@ -1,14 +1,14 @@
-// The float16 / bfloat16 kernels of the cast codecs on one 25 MiB float32 bucket (DistributedDataParallel's
-// default bucket size), one thread: each variant of collectives/cast_kernels.h this CPU runs,
-// against the ATen calls the codec used before (at::div_out into a half tensor, copy_), and the
-// half-precision sum of reduce_kernels.h against the float32 one and the element-wise c10 loop
-// it replaced. scripts/bench-compression runs
-// it and puts its JSON under "kernels".
+// The float16 / bfloat16 kernels of the cast codecs on one 25 MiB float32 bucket
+// (DistributedDataParallel's default bucket size), one thread: each variant of
+// collectives/kernels/cast_kernels.h this CPU runs, against the ATen calls the codec used before
+// (at::div_out into a half tensor, copy_), and the half-precision sum of reduce_kernels.h against
+// the float32 one and the element-wise c10 loop it replaced. scripts/bench-compression runs it and
+// puts its JSON under "kernels".
 //   bench_cast_kernels [--rounds N] [--out FILE]
 // Every measurement is repeated in N interleaved rounds (each round runs all of them in turn);
 // the figure is the median in ms, and GB/s of float32 data (4 bytes per element).
-#include "collectives/cast_kernels.h"
-#include "collectives/reduce_kernels.h"
+#include "collectives/kernels/cast_kernels.h"
+#include "collectives/kernels/reduce_kernels.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -78,8 +78,8 @@ int main(int argc, char** argv) {
   }
   // Reductions as the shared-memory all-reduce runs them: out = a + b over the bucket.
   auto sum = [&](at::ScalarType dtype, const at::Tensor& a, const at::Tensor& c, at::Tensor& o) {
-    tandem::reduce_kernel(dtype, tandem::ReduceOp::kSum)(o.data_ptr(), a.data_ptr(), c.data_ptr(),
-                                                         static_cast<size_t>(n));
+    tandem::detail::reduce_kernel(dtype, tandem::ReduceOp::kSum)(
+        o.data_ptr(), a.data_ptr(), c.data_ptr(), static_cast<size_t>(n));
   };
   at::Tensor half_out = at::empty({n}, at::kHalf), bf16_out = at::empty({n}, at::kBFloat16);
   // The element-wise loop reduce_kernels.cpp ran before (c10::Half converted one at a time).

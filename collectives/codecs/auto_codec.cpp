@@ -51,11 +51,11 @@ class AutoCodec final : public GradCodec {
   WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) override {
     if (choice_.load() == kUndecided) {
       // Probe on the communicator under the counting wrapper: the probe is not gradient traffic.
-      auto* counting = dynamic_cast<ForwardingCommunicator*>(&wire);
+      auto* counting = dynamic_cast<detail::ForwardingCommunicator*>(&wire);
       choice_ = decide(counting ? counting->inner() : wire, bucket.buffer.options());
     }
     if (choice_.load() == kPlain) return wire.allreduce(bucket.buffer, ReduceOp::kAvg);
-    if (!casting_) casting_ = std::make_unique<CastingCommunicator>(wire, options_.wire);
+    if (!casting_) casting_ = std::make_unique<detail::CastingCommunicator>(wire, options_.wire);
     return casting_->allreduce(bucket.buffer, ReduceOp::kAvg);
   }
 
@@ -66,7 +66,7 @@ class AutoCodec final : public GradCodec {
   Choice decide(Communicator& comm, const at::TensorOptions& bucket_options) {
     if (comm.size() == 1) return kPlain;  // nothing goes on a wire
     const at::Tensor probe = at::full({kProbeBytes / 4}, 1.0f, bucket_options.dtype(at::kFloat));
-    CastingCommunicator cast(comm, options_.wire);
+    detail::CastingCommunicator cast(comm, options_.wire);
     auto seconds = [&](Communicator& c) {
       const auto start = std::chrono::steady_clock::now();
       c.allreduce(probe, ReduceOp::kAvg)->wait();
@@ -105,7 +105,7 @@ class AutoCodec final : public GradCodec {
 
   const AutoOptions options_;
   std::atomic<int> choice_{kUndecided};
-  std::unique_ptr<CastingCommunicator> casting_;
+  std::unique_ptr<detail::CastingCommunicator> casting_;
 };
 
 }  // namespace

@@ -38,7 +38,7 @@ class CastCodec final : public GradCodec {
  protected:
   WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) override {
     if (!casting_ || &casting_->inner() != &wire) {
-      casting_ = std::make_unique<CastingCommunicator>(wire, wire_dtype_);
+      casting_ = std::make_unique<detail::CastingCommunicator>(wire, wire_dtype_);
     }
     return inner_->encode_and_reduce(*casting_, bucket);
   }
@@ -46,7 +46,7 @@ class CastCodec final : public GradCodec {
  private:
   at::ScalarType wire_dtype_;
   std::shared_ptr<GradCodec> inner_;
-  std::unique_ptr<CastingCommunicator> casting_;
+  std::unique_ptr<detail::CastingCommunicator> casting_;
 };
 
 std::shared_ptr<GradCodec> make_cast_codec(at::ScalarType wire_dtype,

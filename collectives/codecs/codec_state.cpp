@@ -7,7 +7,7 @@
 
 #include <cstdlib>
 
-namespace tandem {
+namespace tandem::detail {
 
 at::Tensor ResidualBank::flat(const GradBucket& bucket, const std::string& codec_name) {
   auto found = flats_.find(bucket.param_indices);
@@ -103,4 +103,4 @@ void load_codec_state(const std::string& codec, const std::map<std::string, at::
   }
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

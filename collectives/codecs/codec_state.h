@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace tandem {
+namespace tandem::detail {
 
 // Error-feedback residuals, one per parameter, stored flat per bucket: a codec works on one
 // contiguous tensor laid out like the bucket's buffer, while the residuals stay keyed by
@@ -63,4 +63,4 @@ void load_codec_state(const std::string& codec, const std::map<std::string, at::
                       CodecStep* step,
                       const std::map<std::string, std::function<void(int64_t, at::Tensor)>>& kinds);
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -65,13 +65,14 @@ class PowerSgdCodec final : public GradCodec {
   std::string name() const override { return kName; }
 
   std::map<std::string, at::Tensor> state() const override {
-    return codec_state(kName, &step_, {{"q", &q_}, {"error", &errors_.residuals()}});
+    return detail::codec_state(kName, &step_, {{"q", &q_}, {"error", &errors_.residuals()}});
   }
 
   void load_state(const std::map<std::string, at::Tensor>& state) override {
-    load_codec_state(kName, state, &step_,
-                     {{"q", [this](int64_t p, at::Tensor t) { q_[p] = std::move(t); }},
-                      {"error", [this](int64_t p, at::Tensor t) { errors_.load(p, std::move(t)); }}});
+    detail::load_codec_state(
+        kName, state, &step_,
+        {{"q", [this](int64_t p, at::Tensor t) { q_[p] = std::move(t); }},
+         {"error", [this](int64_t p, at::Tensor t) { errors_.load(p, std::move(t)); }}});
   }
 
  protected:
@@ -200,10 +201,10 @@ class PowerSgdCodec final : public GradCodec {
   }
 
   PowerSgdOptions options_;
-  CodecStep step_;
-  ResidualBank errors_;
+  detail::CodecStep step_;
+  detail::ResidualBank errors_;
   std::map<int64_t, at::Tensor> q_;
-  StageThread stages_{kName};  // last: joined first, while the state above still lives
+  detail::StageThread stages_{kName};  // last: joined first, while the state above still lives
 };
 
 }  // namespace

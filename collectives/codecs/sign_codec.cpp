@@ -47,12 +47,13 @@ class SignCodec final : public GradCodec {
   std::string name() const override { return kName; }
 
   std::map<std::string, at::Tensor> state() const override {
-    return codec_state(kName, nullptr, {{"residual", &residuals_.residuals()}});
+    return detail::codec_state(kName, nullptr, {{"residual", &residuals_.residuals()}});
   }
 
   void load_state(const std::map<std::string, at::Tensor>& state) override {
-    load_codec_state(kName, state, nullptr,
-                     {{"residual", [this](int64_t p, at::Tensor t) { residuals_.load(p, std::move(t)); }}});
+    detail::load_codec_state(
+        kName, state, nullptr,
+        {{"residual", [this](int64_t p, at::Tensor t) { residuals_.load(p, std::move(t)); }}});
   }
 
  protected:
@@ -137,8 +138,8 @@ class SignCodec final : public GradCodec {
   }
 
   SignOptions options_;
-  ResidualBank residuals_;
-  StageThread stages_{kName};  // last: joined first, while the state above still lives
+  detail::ResidualBank residuals_;
+  detail::StageThread stages_{kName};  // last: joined first, while the state above still lives
 };
 
 }  // namespace

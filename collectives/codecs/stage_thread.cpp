@@ -6,7 +6,7 @@
 #include <c10/core/GradMode.h>
 #include <tandem/base/trace.h>
 
-namespace tandem {
+namespace tandem::detail {
 
 WorkPtr StageThread::submit(Communicator& wire, const GradBucket& bucket,
                             std::function<void()> job) {
@@ -33,4 +33,4 @@ WorkPtr StageThread::submit(Communicator& wire, const GradBucket& bucket,
   return work;
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -11,7 +11,7 @@
 #include <functional>
 #include <string>
 
-namespace tandem {
+namespace tandem::detail {
 
 class StageThread {
  public:
@@ -30,4 +30,4 @@ class StageThread {
   SerialExecutor executor_;  // last: joined first, while the name above still lives
 };
 
-}  // namespace tandem
+}  // namespace tandem::detail

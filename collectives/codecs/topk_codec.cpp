@@ -49,12 +49,13 @@ class TopKCodec final : public GradCodec {
   std::string name() const override { return kName; }
 
   std::map<std::string, at::Tensor> state() const override {
-    return codec_state(kName, &step_, {{"residual", &residuals_.residuals()}});
+    return detail::codec_state(kName, &step_, {{"residual", &residuals_.residuals()}});
   }
 
   void load_state(const std::map<std::string, at::Tensor>& state) override {
-    load_codec_state(kName, state, &step_,
-                     {{"residual", [this](int64_t p, at::Tensor t) { residuals_.load(p, std::move(t)); }}});
+    detail::load_codec_state(
+        kName, state, &step_,
+        {{"residual", [this](int64_t p, at::Tensor t) { residuals_.load(p, std::move(t)); }}});
   }
 
   // The fraction sent at `step`: during warm-up ratio^((step + 1) / (warmup + 1)), from near 1
@@ -101,9 +102,9 @@ class TopKCodec final : public GradCodec {
   }
 
   TopKOptions options_;
-  CodecStep step_;
-  ResidualBank residuals_;
-  StageThread stages_{kName};  // last: joined first, while the state above still lives
+  detail::CodecStep step_;
+  detail::ResidualBank residuals_;
+  detail::StageThread stages_{kName};  // last: joined first, while the state above still lives
 };
 
 }  // namespace

@@ -2,19 +2,15 @@
 // checked and numbered on the caller's thread, run on the op thread (gloo_communicator.cpp).
 #include "collectives/gloo/gloo_communicator.h"
 
-#include "collectives/reduce_kernels.h"
-#include "collectives/shm_collectives.h"
+#include "collectives/kernels/reduce_kernels.h"
+#include "collectives/shm/shm_collectives.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>
 
-
-namespace tandem {
+namespace tandem::detail {
 
 namespace {
-
-using detail::contiguous_view;
-using detail::copy_back;
 
 // Slot prefix of tandem's own reduce-scatter; Gloo's collectives use 0x01..0x08. A slot is the
 // prefix in the top byte and the tag below (Gloo's Slot::build).
@@ -174,4 +170,4 @@ WorkPtr GlooCommunicator::barrier() {
   });
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -5,7 +5,7 @@
 
 #include "collectives/gloo/gloo_library.h"
 #include "collectives/gloo/gloo_store_adapter.h"
-#include "collectives/shm_collectives.h"
+#include "collectives/shm/shm_collectives.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/collectives/flight_recorder.h>
@@ -59,15 +59,17 @@ std::shared_ptr<Communicator> connect_gloo(const c10::intrusive_ptr<c10d::Store>
   auto device = detail::open_gloo_device(options.interface, options.hostname);
   std::vector<int> ranks(size);
   for (int i = 0; i < size; ++i) ranks[i] = i;
-  return std::make_shared<GlooCommunicator>(store, std::move(device),
-                                            options.store_prefix + "/world", rank,
-                                            std::move(ranks), options);
+  return std::make_shared<detail::GlooCommunicator>(
+      store, std::move(device), options.store_prefix + "/world", rank, std::move(ranks), options);
 }
 
+}  // namespace tandem
+
+namespace tandem::detail {
+
 GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                                   std::shared_ptr<detail::GlooDevice> device,
-                                   std::string prefix, int rank, std::vector<int> world_ranks,
-                                   GlooOptions options)
+                                   std::shared_ptr<GlooDevice> device, std::string prefix, int rank,
+                                   std::vector<int> world_ranks, GlooOptions options)
     : store_(std::move(store)),
       device_(std::move(device)),
       prefix_(std::move(prefix)),
@@ -210,7 +212,7 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
       run();
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      const bool timed_out = detail::looks_like_timeout(what);
+      const bool timed_out = looks_like_timeout(what);
       const bool lost = !timed_out && detail::peer_lost(e);
       // The op's own timeout can fire before the waiter's: name the absent ranks here too, so
       // the message does not depend on which of the two came first.
@@ -224,7 +226,7 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
           " The communicator is now unusable." + (timed_out ? who_never_joined(d) : "") +
           dump_flight_recorder(timed_out ? "timeout" : "failure");
       mark_broken(msg, lost);
-      error = detail::op_error(e, timed_out, msg);
+      error = op_error(e, timed_out, msg);
     }
   }
   work.finish(error);
@@ -283,4 +285,4 @@ std::shared_ptr<Communicator> GlooCommunicator::split(int color, int key) {
   return make_group(ranks, "split" + std::to_string(id) + "/color" + std::to_string(color));
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -18,11 +18,9 @@
 #include <memory>
 #include <mutex>
 
-namespace tandem {
+namespace tandem::detail {
 
 class ShmCollectives;
-
-namespace detail {
 
 // True when a Gloo error message says it timed out.
 bool looks_like_timeout(const std::string& what);
@@ -36,14 +34,12 @@ at::Tensor contiguous_view(const at::Tensor& t);
 // Copies `buffer` into `target` unless they are the same tensor.
 void copy_back(const at::Tensor& target, const at::Tensor& buffer);
 
-}  // namespace detail
-
 // A posted send/recv: kept alive by the communicator until waited, because Gloo's transport
 // writes into the buffer until the op completes.
 struct GlooP2PState {
   at::Tensor target;   // the caller's tensor
   at::Tensor staging;  // contiguous buffer the transport reads/writes (may be `target`)
-  std::unique_ptr<detail::GlooBuffer> buffer;
+  std::unique_ptr<GlooBuffer> buffer;
   bool is_send = false;
   std::atomic<bool> waited{false};
   std::exception_ptr error;
@@ -53,9 +49,8 @@ class GlooCommunicator final : public Communicator,
                                public std::enable_shared_from_this<GlooCommunicator> {
  public:
   // Connects through `store` under `prefix`; `world_ranks[i]` is group rank i's world rank.
-  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
-                   std::shared_ptr<detail::GlooDevice> device, std::string prefix, int rank,
-                   std::vector<int> world_ranks, GlooOptions options);
+  GlooCommunicator(c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<GlooDevice> device,
+                   std::string prefix, int rank, std::vector<int> world_ranks, GlooOptions options);
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -102,12 +97,12 @@ class GlooCommunicator final : public Communicator,
   void ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, ReduceOp op, uint32_t tag);
 
   const c10::intrusive_ptr<c10d::Store> store_;
-  const std::shared_ptr<detail::GlooDevice> device_;
+  const std::shared_ptr<GlooDevice> device_;
   const std::string prefix_;
   const int rank_;
   const std::vector<int> world_ranks_;
   const GlooOptions options_;
-  std::unique_ptr<detail::GlooMesh> mesh_;
+  std::unique_ptr<GlooMesh> mesh_;
   // Allreduce, reduce-scatter and all-gather through shared memory when every rank is on this
   // host (null: Gloo).
   std::unique_ptr<ShmCollectives> shm_;
@@ -124,4 +119,4 @@ class GlooCommunicator final : public Communicator,
   SerialExecutor ops_{"tandem-gloo"};
 };
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -11,12 +11,9 @@
 
 #include <algorithm>
 
-namespace tandem {
+namespace tandem::detail {
 
 namespace {
-
-using detail::contiguous_view;
-using detail::copy_back;
 
 // Slot prefix of tandem's point-to-point transfers; Gloo's collectives use 0x01..0x08.
 constexpr uint64_t kP2PSlotPrefix = 0x20;
@@ -140,4 +137,4 @@ WorkPtr GlooCommunicator::post_p2p(const at::Tensor& tensor, int peer, uint32_t 
                                        options_.timeout);
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

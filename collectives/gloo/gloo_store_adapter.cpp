@@ -4,7 +4,7 @@
 
 #include <cctype>
 
-namespace tandem {
+namespace tandem::detail {
 
 GlooStoreAdapter::GlooStoreAdapter(c10::intrusive_ptr<c10d::Store> store, std::string what,
                                    int world_size)
@@ -67,4 +67,4 @@ void GlooStoreAdapter::wait(const std::vector<std::string>& keys,
   }
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

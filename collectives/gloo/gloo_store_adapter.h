@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-namespace tandem {
+namespace tandem::detail {
 
-class GlooStoreAdapter final : public detail::GlooKeyValue {
+class GlooStoreAdapter final : public GlooKeyValue {
  public:
   // `what` names the rendezvous in errors, e.g. "rendezvous of 4 ranks under 'tandem/world'";
   // `world_size` lets a timeout name every absent rank, not only the one Gloo waited for.
@@ -28,4 +28,4 @@ class GlooStoreAdapter final : public detail::GlooKeyValue {
   int world_size_;
 };
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -1,7 +1,7 @@
 // DistributedDataParallel's fp32 master weights (runtime/ddp/master_weights.h).
 #include "runtime/ddp/master_weights.h"
 
-#include "checkpoint/training_state.h"
+#include <tandem/checkpoint/checkpointable.h>
 
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/nn/module.h>

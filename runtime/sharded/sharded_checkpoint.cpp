@@ -7,8 +7,6 @@
 #include <tandem/base/errors.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
 
-#include "checkpoint/training_state.h"
-
 #include <torch/csrc/autograd/grad_mode.h>
 #include <torch/optim/optimizer.h>
 

@@ -197,8 +197,8 @@ inline void truncate_file(const std::string& path, size_t remove) {
 // Throws unless every file of a committed step verifies.
 inline void verify_committed(const std::string& dir, int64_t step) {
   auto fs = posix_file_system();
-  const Manifest m = read_manifest(*fs, dir, step);
-  for (const auto& f : m.files) verify_shard(*fs, dir, step, f, nullptr);
+  const Manifest m = detail::read_manifest(*fs, dir, step);
+  for (const auto& f : m.files) detail::verify_shard(*fs, dir, step, f, nullptr);
 }
 
 // POSIX, except that while blocked every append waits (to hold the async writer mid-save).

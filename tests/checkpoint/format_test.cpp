@@ -19,6 +19,19 @@
 namespace tandem {
 namespace {
 
+using detail::commit_step;
+using detail::list_steps;
+using detail::read_manifest;
+using detail::remove_old_steps;
+using detail::ShardReport;
+using detail::ShardWriteResult;
+using detail::staging_directory;
+using detail::step_directory;
+using detail::StepListing;
+using detail::TensorSource;
+using detail::verify_shard;
+using detail::write_shard;
+
 std::string temp_dir(const std::string& name) {
   const char* base = std::getenv("TMPDIR");
   std::string dir = std::string(base ? base : "/tmp") + "/tandem_ckpt_fmt_" + name + "_" +

@@ -87,7 +87,7 @@ TEST_P(Sharded, EveryRankWritesItsShardAndGetsItsOwnStateBack) {
       EXPECT_EQ(std::get<int64_t>(t.loader.at("position")), 1000 + rank);
     });
     // One file per rank; the replicated model only in rank 0's.
-    const Manifest man = read_manifest(*posix_file_system(), d, 5);
+    const Manifest man = detail::read_manifest(*posix_file_system(), d, 5);
     ASSERT_EQ(static_cast<int>(man.files.size()), world);
     for (const auto& f : man.files) {
       bool has_model = false;
@@ -118,7 +118,7 @@ TEST(CheckpointManagerRanks, ReplicatedStateWrittenOnceAndLoadsAtAnotherWorldSiz
     m.save(8);
     m.wait();
   });
-  const Manifest man = read_manifest(*posix_file_system(), dir.path, 8);
+  const Manifest man = detail::read_manifest(*posix_file_system(), dir.path, 8);
   EXPECT_EQ(man.world_size, 4);
   ASSERT_EQ(man.files.size(), 1u);  // only rank 0 holds unique state
   for (const int world : {2, 1}) {
@@ -175,7 +175,7 @@ TEST(CheckpointManagerRanks, RanksAgreeOnTheNewestStepValidEverywhere) {
     m.save(20);
   });
   // Only rank 1's shard of step 20 is damaged: rank 0 alone would take step 20.
-  flip_bit(step_directory(dir.path, 20) + "/" + shard_file_name(1), -3);
+  flip_bit(detail::step_directory(dir.path, 20) + "/" + shard_file_name(1), -3);
   run_ranks(2, [&](Communicator& comm) {
     RankState s;
     setup_rank(s, comm.rank(), 2);

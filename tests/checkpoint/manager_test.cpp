@@ -215,8 +215,8 @@ TEST(CheckpointManager, AsyncSaveEqualsSyncSaveByteForByte) {
     m.wait();
   }
   for (const std::string& name : {std::string("manifest.json"), shard_file_name(0)}) {
-    const std::string a = read_all(step_directory(dir.path + "/sync", 1) + "/" + name);
-    const std::string b = read_all(step_directory(dir.path + "/async", 1) + "/" + name);
+    const std::string a = read_all(detail::step_directory(dir.path + "/sync", 1) + "/" + name);
+    const std::string b = read_all(detail::step_directory(dir.path + "/async", 1) + "/" + name);
     EXPECT_FALSE(a.empty());
     EXPECT_TRUE(a == b) << name << " differs between sync and async saves";
   }
@@ -486,7 +486,7 @@ TEST(CheckpointManager, CorruptTruncatedMissingAndUncommittedAreSkippedWithAWarn
       }
       m.save(20);
     }
-    c.damage(step_directory(dir.path, 20));
+    c.damage(detail::step_directory(dir.path, 20));
     std::vector<std::string> warnings;
     CheckpointManagerOptions o = options(dir.path, false);
     o.on_warning = [&](const std::string& w) { warnings.push_back(w); };

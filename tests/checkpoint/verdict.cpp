@@ -25,11 +25,11 @@ void check_step(tandem::FileSystem& fs, std::string dir) {
   const std::string root = slash == std::string::npos ? "." : dir.substr(0, slash);
   const int64_t step = tandem::parse_step_directory_name(dir.substr(slash + 1));
   if (step < 0) throw tandem::CheckpointError("'" + dir + "' is not named step_N");
-  const tandem::Manifest m = tandem::read_manifest(fs, root, step);
+  const tandem::Manifest m = tandem::detail::read_manifest(fs, root, step);
   if (m.file_of_rank(0) == nullptr) {
     throw tandem::CheckpointError("'" + dir + "/manifest.json' lists no file for rank 0");
   }
-  for (const auto& f : m.files) tandem::verify_shard(fs, root, step, f, nullptr);
+  for (const auto& f : m.files) tandem::detail::verify_shard(fs, root, step, f, nullptr);
 }
 
 void check_manifest(tandem::FileSystem& fs, const std::string& path) {
@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
       std::string verdict = "ok";
       try {
         if (mode == Mode::kStep) check_step(*fs, argv[i]);
-        else if (mode == Mode::kShard) tandem::read_shard_header(*fs, argv[i]);
+        else if (mode == Mode::kShard) tandem::detail::read_shard_header(*fs, argv[i]);
         else check_manifest(*fs, argv[i]);
       } catch (const tandem::CheckpointError& e) {
         verdict = std::string("reject ") + e.what();

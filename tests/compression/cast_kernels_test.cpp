@@ -1,12 +1,13 @@
 // The float16 / bfloat16 conversions behind the cast codecs and the half-precision reductions
-// (collectives/cast_kernels.h, reduce_kernels.h): every variant this CPU can run, the portable one
-// included, gives c10::Half / c10::BFloat16's bits, for a stratified sweep of every float exponent
-// and the bit patterns around each rounding boundary, NaN, infinities, subnormals, overflow, with
-// and without a divisor, at unaligned starts and odd lengths; widening is checked exhaustively.
+// (collectives/kernels/cast_kernels.h, reduce_kernels.h): every variant this CPU can run, the
+// portable one included, gives c10::Half / c10::BFloat16's bits, for a stratified sweep of every
+// float exponent and the bit patterns around each rounding boundary, NaN, infinities, subnormals,
+// overflow, with and without a divisor, at unaligned starts and odd lengths; widening is checked
+// exhaustively.
 #include "tests/support/test_support.h"
 
-#include "collectives/cast_kernels.h"
-#include "collectives/reduce_kernels.h"
+#include "collectives/kernels/cast_kernels.h"
+#include "collectives/kernels/reduce_kernels.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -20,6 +21,7 @@
 namespace tandem {
 namespace {
 
+using detail::reduce_kernel;
 using kernels::Isa;
 
 float from_bits(uint32_t u) {

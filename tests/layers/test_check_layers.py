@@ -87,6 +87,43 @@ class CheckLayers(unittest.TestCase):
         self.assertEqual(code, 1, out)
         self.assertIn('tools/tandemrun/main.cpp:1: a program includes "checkpoint/step_directory.h"', out)
 
+    def test_component_including_another_components_private_header_fails(self):
+        code, out = run_check(self.planted("runtime/init.cpp", '#include "collectives/async_work.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('runtime/init.cpp:1: runtime/ includes "collectives/async_work.h", a private '
+                      'header of collectives/', out)
+
+    def test_checkpoint_including_collectives_private_header_fails(self):
+        # checkpoint/ may use collectives/ (rank agreement), but only through its public headers.
+        code, out = run_check(self.planted("checkpoint/format.cpp",
+                                           '#include "collectives/tensor_checks.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('checkpoint/format.cpp:1: checkpoint/ includes '
+                      '"collectives/tensor_checks.h", a private header of collectives/', out)
+
+    def test_component_including_base_private_header_passes(self):
+        code, out = run_check(self.planted("checkpoint/format.cpp", '#include "base/strings.h"'))
+        self.assertEqual(code, 0, out)
+
+    def test_program_including_another_programs_header_fails(self):
+        code, out = run_check(self.planted("tools/tandemrun/main.cpp",
+                                           '#include "tools/tandem-tune/tune_plan.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('tools/tandemrun/main.cpp:1: the program tools/tandemrun/ includes '
+                      '"tools/tandem-tune/tune_plan.h", a header of another program', out)
+
+    def test_program_including_a_tool_library_passes(self):
+        code, out = run_check(self.planted("tools/tandem-tune/tandem_tune.cpp",
+                                           '#include "tools/trace-tools/trace_svg.h"'))
+        self.assertEqual(code, 0, out)
+
+    def test_tool_library_including_a_program_header_fails(self):
+        code, out = run_check(self.planted("tools/trace-tools/trace_merge.cpp",
+                                           '#include "tools/tandemrun/fd_io.h"'))
+        self.assertEqual(code, 1, out)
+        self.assertIn('tools/trace-tools/trace_merge.cpp:1: the tool library tools/trace-tools/ '
+                      'includes "tools/tandemrun/fd_io.h"', out)
+
     def test_example_including_private_fails(self):
         code, out = run_check(self.planted("examples/train_mlp.cpp", '#include "base/json.h"'))
         self.assertEqual(code, 1, out)

@@ -3,7 +3,7 @@
 // (`tandem-trace flight`): the timed-out ranks dump by themselves, tandemrun asks the others
 // (SIGUSR1) before stopping the group; a signalled worker dumps while it runs.
 #include "tests/launcher/tandemrun_process.h"
-#include "tools/tandem-trace/flight_analysis.h"
+#include "tools/trace-tools/flight_analysis.h"
 
 #include <gtest/gtest.h>
 

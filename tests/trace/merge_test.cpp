@@ -12,9 +12,9 @@
 #include <set>
 #include <string>
 
-#include "tools/tandem-trace/trace_merge.h"
-#include "tools/tandem-trace/trace_summary.h"
-#include "tools/tandem-trace/trace_svg.h"
+#include "tools/trace-tools/trace_merge.h"
+#include "tools/trace-tools/trace_summary.h"
+#include "tools/trace-tools/trace_svg.h"
 #include "tools/tandemrun/launcher_trace.h"
 
 namespace tandem::trace {

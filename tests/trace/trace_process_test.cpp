@@ -12,8 +12,8 @@
 #include <string>
 
 #include "tests/launcher/tandemrun_process.h"
-#include "tools/tandem-trace/trace_merge.h"
-#include "tools/tandem-trace/trace_summary.h"
+#include "tools/trace-tools/trace_merge.h"
+#include "tools/trace-tools/trace_summary.h"
 
 namespace tandem::trace {
 namespace {

@@ -6,7 +6,7 @@
 #include "tests/support/test_support.h"
 #include "tests/unit/shm_test_util.h"
 
-#include "collectives/shm_segment.h"
+#include "collectives/shm/shm_segment.h"
 
 #include <tandem/base/errors.h>
 #include <tandem/collectives/communicator.h>
@@ -41,6 +41,7 @@ namespace {
 
 using namespace std::chrono_literals;
 using namespace shm_test;
+using detail::ShmSegment;
 
 // ---- ranks as real processes: the test binary re-executes itself as a worker ----------------
 

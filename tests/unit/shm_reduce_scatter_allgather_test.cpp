@@ -1,4 +1,4 @@
-// Reduce-scatter and all-gather through shared memory (collectives/shm_collectives.h): every
+// Reduce-scatter and all-gather through shared memory (collectives/shm/shm_collectives.h): every
 // dtype and op across many pipeline steps, against the TCP path and float64; each rank's
 // reduce-scatter chunk bitwise equal to the shared-memory allreduce's (one reduction order for
 // DDP and sharding); inputs and outputs that alias; ops of all three kinds issued back to back

@@ -13,10 +13,10 @@
 #include <cstdio>
 #include <string>
 
-#include "tools/tandem-trace/flight_analysis.h"
-#include "tools/tandem-trace/trace_merge.h"
-#include "tools/tandem-trace/trace_summary.h"
-#include "tools/tandem-trace/trace_svg.h"
+#include "tools/trace-tools/flight_analysis.h"
+#include "tools/trace-tools/trace_merge.h"
+#include "tools/trace-tools/trace_summary.h"
+#include "tools/trace-tools/trace_svg.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Merge and summarise tandem timelines (Chrome-trace JSON, opens in Perfetto)",

@@ -11,9 +11,9 @@
 #include <cstdio>
 #include <cstring>
 
-#include "tools/tandem-trace/trace_merge.h"
-#include "tools/tandem-trace/trace_summary.h"
-#include "tools/tandem-trace/trace_svg.h"
+#include "tools/trace-tools/trace_merge.h"
+#include "tools/trace-tools/trace_summary.h"
+#include "tools/trace-tools/trace_svg.h"
 
 namespace tandem::trace {
 

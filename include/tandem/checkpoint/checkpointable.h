@@ -16,9 +16,14 @@
 #include <ATen/core/Tensor.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
+
+namespace torch::optim {
+class Optimizer;
+}  // namespace torch::optim
 
 namespace tandem {
 
@@ -63,5 +68,25 @@ class SlicedCheckpointable : public Checkpointable {
 // Conversions between torch and checkpoint dtypes (CheckpointError for unsupported types).
 DType to_checkpoint_dtype(at::ScalarType type);
 at::ScalarType to_scalar_type(DType dtype);
+
+namespace detail {
+
+// Built-in pieces the runtime's own Checkpointables (DistributedDataParallel's fp32 masters,
+// ShardedDataParallel's slices) build on; not for users.
+
+// The state CheckpointManager::add_optimizer registers (SGD/Adam/AdamW/Adagrad/RMSprop; any other
+// optimizer type throws CheckpointError naming the supported ones).
+std::shared_ptr<Checkpointable> optimizer_state(torch::optim::Optimizer& optimizer,
+                                                const std::string& name);
+
+// Empty when `loaded` has exactly the tensors `want` (same names, dtypes, shapes); otherwise what
+// differs first, for Checkpointable::check().
+std::string check_same_tensors(const std::vector<std::pair<std::string, at::Tensor>>& want,
+                               const StateDict& loaded);
+
+// "expected float32 [4, 3], found float16 [4]" style description.
+std::string describe_tensor(const at::Tensor& t);
+
+}  // namespace detail
 
 }  // namespace tandem

@@ -48,7 +48,9 @@ struct GradBucket {
   int64_t step = 0;        // synchronised steps completed before this one
 };
 
+namespace detail {
 class CountingCommunicator;
+}  // namespace detail
 
 class GradCodec {
  public:
@@ -89,7 +91,7 @@ class GradCodec {
   friend class CastCodec;  // wraps another codec's encode_and_reduce with a casting wire
 
   std::atomic<uint64_t> uncompressed_bytes_{0};
-  std::shared_ptr<CountingCommunicator> wire_;
+  std::shared_ptr<detail::CountingCommunicator> wire_;
 };
 
 // The default: one average all-reduce per bucket.

@@ -1,6 +1,6 @@
-#include "collectives/reduce_kernels.h"
+#include "collectives/kernels/reduce_kernels.h"
 
-#include "collectives/cast_kernels.h"
+#include "collectives/kernels/cast_kernels.h"
 
 #include <tandem/base/errors.h>
 
@@ -10,7 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
-namespace tandem {
+namespace tandem::detail {
 
 namespace {
 
@@ -96,4 +96,4 @@ ReduceFn reduce_kernel(at::ScalarType dtype, ReduceOp op) {
   }
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

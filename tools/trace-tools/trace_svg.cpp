@@ -1,5 +1,5 @@
 // tandem-trace svg (trace_svg.h): lanes per rank and thread, spans coloured by category.
-#include "tools/tandem-trace/trace_svg.h"
+#include "tools/trace-tools/trace_svg.h"
 
 #include <tandem/base/errors.h>
 

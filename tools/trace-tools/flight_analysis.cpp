@@ -1,5 +1,5 @@
-// `tandem-trace flight DIR` (tools/tandem-trace/flight_analysis.h).
-#include "tools/tandem-trace/flight_analysis.h"
+// `tandem-trace flight DIR` (tools/trace-tools/flight_analysis.h).
+#include "tools/trace-tools/flight_analysis.h"
 
 #include <tandem/base/errors.h>
 

@@ -1,4 +1,4 @@
-#include "collectives/shm_segment.h"
+#include "collectives/shm/shm_segment.h"
 
 #include <tandem/base/errors.h>
 
@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-namespace tandem {
+namespace tandem::detail {
 
 namespace {
 
@@ -150,4 +150,4 @@ bool ShmSegment::presence_held_by_other(size_t index) const {
   return fl.l_type != F_UNLCK;
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -15,7 +15,7 @@
 #include <cstddef>
 #include <string>
 
-namespace tandem {
+namespace tandem::detail {
 
 class ShmSegment {
  public:
@@ -62,4 +62,4 @@ class ShmSegment {
   bool owns_name_ = false;  // created by us and not yet unlinked
 };
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -21,6 +21,19 @@
 
 namespace tandem {
 
+using detail::AsyncWork;
+using detail::check_peer;
+using detail::check_reduce_op;
+using detail::check_scaled_numel;
+using detail::check_tensor;
+using detail::dtype_name;
+using detail::dump_flight_recorder;
+using detail::format_elapsed;
+using detail::format_ranks;
+using detail::OpDescription;
+using detail::record_op;
+using detail::tensor_summary;
+
 namespace {
 
 void check_cuda(cudaError_t err, const char* what) {

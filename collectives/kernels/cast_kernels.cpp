@@ -1,4 +1,4 @@
-#include "collectives/cast_kernels.h"
+#include "collectives/kernels/cast_kernels.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>

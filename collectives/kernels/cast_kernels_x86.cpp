@@ -1,7 +1,7 @@
 // The x86 variants of cast_kernels.h, each function compiled for its instruction set with
 // __attribute__((target)) so the library itself still runs on any x86-64; cast_kernels.cpp calls
 // them only where the CPU has the instructions.
-#include "collectives/cast_kernels.h"
+#include "collectives/kernels/cast_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 

@@ -1,4 +1,4 @@
-#include "collectives/shm_channel.h"
+#include "collectives/shm/shm_channel.h"
 
 #include "collectives/async_work.h"
 #include "collectives/gloo/gloo_store_adapter.h"
@@ -22,9 +22,8 @@
 #include <new>
 #include <random>
 
-namespace tandem {
+namespace tandem::detail {
 
-namespace detail {
 
 constexpr uint64_t kMagic = 0x6d68732d6d646e74ULL;  // "tndm-shm"
 constexpr uint32_t kVersion = 2;  // 2: op kinds beyond allreduce
@@ -79,10 +78,6 @@ struct alignas(128) RankBlock {
 constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 constexpr size_t kRanksOffset = round_up(sizeof(Header), 128);
 size_t data_offset(int size) { return round_up(kRanksOffset + size * sizeof(RankBlock), 4096); }
-
-}  // namespace detail
-
-using namespace detail;
 
 namespace {
 
@@ -427,4 +422,4 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
                                       options.timeout);
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

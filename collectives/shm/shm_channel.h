@@ -33,7 +33,7 @@
 // Thread-safety: one op thread runs the steps; abort() may be called from any thread.
 #pragma once
 
-#include "collectives/shm_segment.h"
+#include "collectives/shm/shm_segment.h"
 
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
@@ -46,12 +46,10 @@
 #include <string>
 #include <vector>
 
-namespace tandem {
+namespace tandem::detail {
 
-namespace detail {
 struct Header;
 struct RankBlock;
-}  // namespace detail
 
 // What an op is, as the peers compare it. `reduce` is a ReduceOp, or -1 for ops without one.
 struct ShmOpIdentity {
@@ -111,8 +109,8 @@ class ShmChannel {
   const size_t slot_bytes_;
   const std::vector<int> world_ranks_;
   const std::chrono::milliseconds timeout_;
-  detail::Header* header_;
-  detail::RankBlock* ranks_;
+  Header* header_;
+  RankBlock* ranks_;
   char* data_;
   uint64_t step_ = 0;  // last step this rank started (same on every rank)
   int op_parity_ = 0;  // which of the two op records the op in flight uses
@@ -130,4 +128,4 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
 // "<host name>/<boot id>": equal exactly for processes on one running machine.
 std::string shm_host_identity();
 
-}  // namespace tandem
+}  // namespace tandem::detail

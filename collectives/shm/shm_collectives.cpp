@@ -1,7 +1,7 @@
-#include "collectives/shm_collectives.h"
+#include "collectives/shm/shm_collectives.h"
 
-#include "collectives/cast_kernels.h"
-#include "collectives/reduce_kernels.h"
+#include "collectives/kernels/cast_kernels.h"
+#include "collectives/kernels/reduce_kernels.h"
 
 #include <ATen/ops/from_blob.h>
 
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <functional>
 
-namespace tandem {
+namespace tandem::detail {
 
 namespace {
 
@@ -197,4 +197,4 @@ void ShmCollectives::allgather(const at::Tensor& output, const at::Tensor& input
   });
 }
 
-}  // namespace tandem
+}  // namespace tandem::detail

@@ -1,5 +1,5 @@
 // Timeline summary (trace_summary.h).
-#include "tools/tandem-trace/trace_summary.h"
+#include "tools/trace-tools/trace_summary.h"
 
 #include <tandem/base/errors.h>
 

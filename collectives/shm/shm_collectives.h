@@ -25,13 +25,13 @@
 // or the communicator was aborted.
 #pragma once
 
-#include "collectives/shm_channel.h"
+#include "collectives/shm/shm_channel.h"
 
 #include <tandem/collectives/communicator.h>
 
 #include <memory>
 
-namespace tandem {
+namespace tandem::detail {
 
 class ShmCollectives {
  public:
@@ -71,4 +71,4 @@ class ShmCollectives {
   std::unique_ptr<ShmChannel> channel_;
 };
 
-}  // namespace tandem
+}  // namespace tandem::detail

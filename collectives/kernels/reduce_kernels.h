@@ -6,7 +6,7 @@
 
 #include <cstddef>
 
-namespace tandem {
+namespace tandem::detail {
 
 // out[i] = a[i] (op) b[i] for n elements; out may alias a or b.
 using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
@@ -15,4 +15,4 @@ using ReduceFn = void (*)(void* out, const void* a, const void* b, size_t n);
 // Throws CommError for an unsupported dtype.
 ReduceFn reduce_kernel(at::ScalarType dtype, ReduceOp op);
 
-}  // namespace tandem
+}  // namespace tandem::detail

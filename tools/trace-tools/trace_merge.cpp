@@ -1,5 +1,5 @@
 // Merging rank timelines (trace_merge.h).
-#include "tools/tandem-trace/trace_merge.h"
+#include "tools/trace-tools/trace_merge.h"
 
 #include <tandem/base/errors.h>
 #include <tandem/base/file_system.h>
