@@ -6,6 +6,7 @@
 #include <tandem/collectives/communicator.h>
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Storage.h>
 
 #include <cstdint>
 #include <string>
@@ -28,6 +29,8 @@ struct FlatUnit {
                      // stages 1-2, memory of its own in stage 3 and under mixed precision,
                      // where it is the fp32 master)
   bool materialized = true;  // stage 3: whether `flat` has memory now
+  c10::Storage tombstone;    // stage 3: what the parameters point at while `flat` is freed (made
+                             // at the first free): any read of it throws, naming the unit
 
   // Gathering (the shard into `flat`).
   WorkPtr gather_work;
@@ -56,11 +59,14 @@ struct FlatUnit {
   int64_t padded_numel(int group) const { return shard_numel * group; }
 };
 
-// Gives `flat`'s storage `nbytes` of fresh memory (from the storage's own allocator), or none:
-// every tensor over that storage - the parameters and what autograd saved of them - sees the new
-// memory, because the StorageImpl object stays the same.
-void allocate_storage(const at::Tensor& flat);
-void free_storage(const at::Tensor& flat);
+// Stage 3. free_storage() takes `unit.flat`'s memory away in place and points the unit's
+// parameters (`params`: the model's trainable parameters) at its tombstone, so a read between
+// steps throws a c10::Error that names the unit and gather_parameters() instead of reading freed
+// memory. allocate_storage() gives `flat` fresh memory (from its storage's own allocator) and
+// points the parameters back. The StorageImpl under `flat` stays the same object, so what
+// autograd saved of the parameters in forward (views over it) sees the new memory in backward.
+void allocate_storage(FlatUnit& unit, std::vector<at::Tensor>& params);
+void free_storage(FlatUnit& unit, std::vector<at::Tensor>& params);
 
 // `dst` takes `src`'s values through a tensor of its own over the same memory, so the version
 // counters of the parameters (checked by autograd for what it saved) are not bumped.

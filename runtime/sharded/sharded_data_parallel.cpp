@@ -110,7 +110,7 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
         if (!s.mixed.enabled()) {
           detail::copy_without_version_bump(u.shard, u.flat.narrow(0, begin, u.shard_numel));
         }
-        detail::free_storage(u.flat);
+        detail::free_storage(u, s.params);
         u.materialized = false;
       }
       u.gathered_version = u.shard._version();

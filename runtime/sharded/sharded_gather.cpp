@@ -68,7 +68,7 @@ void State::gather(int u, bool prefetch) {
     }
   } else {
     if (unit.materialized && !unit.stale) return;
-    if (!unit.materialized) detail::allocate_storage(unit.flat);
+    if (!unit.materialized) detail::allocate_storage(unit, params);
     unit.materialized = true;
   }
   // Stages 1-2: the shard is a slice of the output; the collective gets a copy of it. Mixed
@@ -111,7 +111,7 @@ void State::release(int u) {
   detail::FlatUnit& unit = units[u];
   if (!shards.parameters || !unit.materialized || unit.numel == 0) return;
   wait_gathered(u);  // never free memory a collective still writes into
-  detail::free_storage(unit.flat);
+  detail::free_storage(unit, params);
   unit.materialized = false;
 }
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <string>
 
 namespace tandem::sharded_test {
 namespace {
@@ -110,6 +111,54 @@ TEST(ShardedMemory, Stage2HoldsAtMostTwoBucketsOfFullGradients) {
   one_block.bucket_cap_mb = 0.009;
   one_block.first_bucket_cap_mb = 0.009;
   EXPECT_LE(peak_transient_in_buckets(2, one_block).gradients, 2.0);
+}
+
+// Between steps a stage-3 parameter has no memory: reading it raises an error that names its unit
+// and gather_parameters() (it read freed memory before, a SIGSEGV), and after the gather it holds
+// the trained values, which the next step trains on as before.
+TEST(ShardedMemory, AReshardedParameterReadIsAClearErrorUntilGathered) {
+  std::vector<std::shared_ptr<DeepImpl>> models;
+  for (int r = 0; r < 2; ++r) {
+    torch::manual_seed(3);
+    models.push_back(std::make_shared<DeepImpl>());
+  }
+  const auto initial = [] {
+    torch::manual_seed(3);
+    return std::make_shared<DeepImpl>();
+  }();
+  std::vector<std::string> errors(2);
+  std::vector<at::Tensor> gathered(2);
+  run_ranks(2, [&](Communicator& comm) {
+    const int rank = comm.rank();
+    ShardingOptions sharding;
+    sharding.stage = 3;
+    ShardedDataParallel sdp(models[rank], borrow(comm), sharding);
+    torch::optim::SGD opt(sdp.parameters(), torch::optim::SGDOptions(0.1));
+    const at::Tensor x = at::ones({2, kWidth}) * (rank + 1);
+    auto step = [&] {
+      opt.zero_grad();
+      sdp(x).pow(2).mean().backward();
+      opt.step();
+    };
+    step();
+    const at::Tensor weight = models[rank]->blocks[2]->parameters().front();
+    try {
+      (void)weight.sum();
+    } catch (const c10::Error& e) {
+      errors[rank] = e.what_without_backtrace();
+    }
+    sdp.gather_parameters();
+    gathered[rank] = weight.detach().clone();
+    step();  // trains on as before: the parameters are views of the unit's memory again
+    sdp.gather_parameters();
+    (void)weight.sum();
+  });
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_NE(errors[r].find("unit 'block2'"), std::string::npos) << errors[r];
+    EXPECT_NE(errors[r].find("gather_parameters()"), std::string::npos) << errors[r];
+  }
+  EXPECT_TRUE(gathered[0].equal(gathered[1]));
+  EXPECT_FALSE(gathered[0].equal(initial->blocks[2]->parameters().front())) << "did not train";
 }
 
 }  // namespace
