@@ -24,31 +24,13 @@ std::size_t floor_pow2(std::size_t n) {
   return p;
 }
 
-void validate(const CachingPoolOptions& o) {
-  auto fail = [&](const std::string& what) {
-    throw ConfigError("CachingPool '" + o.name + "': " + what);
-  };
-  if (!is_pow2(o.min_block_size)) fail("min_block_size must be a power of two, got " + std::to_string(o.min_block_size));
-  if (!is_pow2(o.segment_alignment) || o.segment_alignment < o.min_block_size)
-    fail("segment_alignment must be a power of two >= min_block_size, got " + std::to_string(o.segment_alignment));
-  if (o.small_size < o.min_block_size || o.small_size > o.small_segment_size)
-    fail("need min_block_size <= small_size <= small_segment_size, got small_size " + std::to_string(o.small_size));
-  if (o.small_segment_size % o.min_block_size != 0 || o.large_segment_size % o.min_block_size != 0 ||
-      o.segment_rounding % o.min_block_size != 0 || o.segment_rounding == 0)
-    fail("segment sizes and segment_rounding must be non-zero multiples of min_block_size");
-  if (o.large_segment_threshold > o.large_segment_size)
-    fail("large_segment_threshold must not exceed large_segment_size");
-  if (o.roundup_power2_divisions != 0 && !is_pow2(o.roundup_power2_divisions))
-    fail("roundup_power2_divisions must be 0 or a power of two, got " + std::to_string(o.roundup_power2_divisions));
-  if (o.thread_cache && (o.thread_cache_bin_capacity == 0 || o.thread_cache_max_block < o.min_block_size))
-    fail("thread_cache needs thread_cache_bin_capacity > 0 and thread_cache_max_block >= min_block_size");
-}
-
 }  // namespace
 
 CachingPool::Impl::Impl(MemoryResource& up, CachingPoolOptions o)
     : upstream(up), opt(std::move(o)), id(g_next_pool_id.fetch_add(1)) {
-  validate(opt);
+  validate_pool_options(opt);
+  segment_alignment = negotiate_segment_alignment(opt, upstream);
+  block_alignment = std::min(segment_alignment, opt.min_block_size);
   opt.thread_cache_max_block = std::min(opt.thread_cache_max_block, opt.small_size);
   cache_enabled = opt.thread_cache;
   cache_bins = opt.thread_cache_max_block / opt.min_block_size;
@@ -81,7 +63,7 @@ void CachingPool::Impl::note_free(std::int64_t size) {
 // ---- allocation --------------------------------------------------------------------------
 
 void* CachingPool::Impl::allocate(std::size_t bytes, std::size_t alignment, StreamId stream) {
-  const bool aligned = alignment > opt.min_block_size;
+  const bool aligned = alignment > block_alignment;
   const std::size_t size = round_size(bytes);
   if (!aligned && cache_enabled && stream.value == 0 && size <= opt.thread_cache_max_block) {
     if (void* p = cache_pop(size)) {
@@ -156,10 +138,10 @@ Block* CachingPool::Impl::alloc_locked(std::size_t size, StreamId stream, std::s
     if (small) seg_size = opt.small_segment_size;
     else if (size < opt.large_segment_threshold) seg_size = opt.large_segment_size;
     else seg_size = align_up(size, opt.segment_rounding);
-    void* mem = try_upstream(upstream, seg_size, opt.segment_alignment, stream, upstream_error);
+    void* mem = try_upstream(upstream, seg_size, segment_alignment, stream, upstream_error);
     if (mem == nullptr) return nullptr;
     ++misses;
-    auto* seg = new Segment{static_cast<char*>(mem), seg_size, opt.segment_alignment, stream,
+    auto* seg = new Segment{static_cast<char*>(mem), seg_size, segment_alignment, stream,
                             small ? PoolKind::kSmall : PoolKind::kLarge, nullptr};
     b = arena.make<Block>();
     b->ptr = seg->base;
@@ -223,7 +205,7 @@ Block* CachingPool::Impl::alloc_aligned_locked(std::size_t size, std::size_t ali
 
 void CachingPool::Impl::deallocate(void* p, std::size_t bytes, std::size_t alignment,
                                    StreamId stream) noexcept {
-  const bool aligned = alignment > opt.min_block_size;
+  const bool aligned = alignment > block_alignment;
   if (!aligned && cache_enabled && stream.value == 0) {
     const std::size_t size = round_size(bytes);
     if (size <= opt.thread_cache_max_block && cache_push(p, size)) {
@@ -470,6 +452,10 @@ MemoryStats CachingPool::stats() const {
 std::size_t CachingPool::round_size(std::size_t bytes) const { return impl_->round_size(bytes); }
 
 const CachingPoolOptions& CachingPool::options() const { return impl_->opt; }
+
+std::size_t CachingPool::block_alignment() const { return impl_->block_alignment; }
+
+std::size_t CachingPool::do_max_alignment() const noexcept { return impl_->upstream.max_alignment(); }
 
 void* CachingPool::do_allocate(std::size_t bytes, std::size_t alignment, StreamId stream) {
   return impl_->allocate(bytes, alignment, stream);

@@ -128,6 +128,10 @@ struct CachingPool::Impl {
   MemoryResource& upstream;
   CachingPoolOptions opt;
   std::uint64_t id;
+  // Asked of the upstream for segments: opt.segment_alignment capped at upstream.max_alignment().
+  std::size_t segment_alignment = 0;
+  // Every cached block's alignment: blocks start at multiples of min_block_size in a segment.
+  std::size_t block_alignment = 0;
   std::size_t cache_bins = 0;
   bool cache_enabled = false;
 
@@ -154,6 +158,14 @@ struct CachingPool::Impl {
   mutable std::mutex caches_mu;
   std::vector<std::shared_ptr<ThreadCache>> caches;
 };
+
+// Throws ConfigError naming the pool and the option when `o` is inconsistent
+// (caching_pool_options.cpp).
+void validate_pool_options(const CachingPoolOptions& o);
+
+// The alignment to ask `upstream` for segments: o.segment_alignment capped at what the upstream
+// honours. Throws ConfigError when the upstream reports an alignment that is not a power of two.
+std::size_t negotiate_segment_alignment(const CachingPoolOptions& o, const MemoryResource& upstream);
 
 // Adds `delta` to a locked Stat (total/freed/peak follow).
 inline void stat_add(Stat& s, std::int64_t delta) {

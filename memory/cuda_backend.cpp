@@ -12,23 +12,10 @@
 #include <tandem/memory/caching_pool.h>
 #include <tandem/memory/memory_stats.h>
 
+#include "memory/cuda_device_guard.h"
+
 namespace tandem::memory {
 namespace {
-
-// Selects a device for the lifetime of the guard.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) previous_ = -1;
-    if (previous_ != device) cudaSetDevice(device);
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = -1;
-};
 
 [[noreturn]] void cuda_oom(const char* what, std::size_t bytes, int device, cudaError_t err) {
   std::size_t free_b = 0, total_b = 0;
@@ -51,30 +38,29 @@ bool cuda_device_available() {
 }
 
 void* CudaDeviceBackend::do_allocate(std::size_t bytes, std::size_t alignment, StreamId) {
-  if (alignment > 512)
-    throw ConfigError("tandem: CudaDeviceBackend supports alignments up to 512 bytes, got " + std::to_string(alignment));
-  DeviceGuard guard(device_);
+  if (alignment > kCudaMallocAlignment)
+    throw ConfigError("tandem: CudaDeviceBackend(device " + std::to_string(device_) + ") supports alignments up to " +
+                      std::to_string(kCudaMallocAlignment) + " bytes (what cudaMalloc guarantees), got " +
+                      std::to_string(alignment) + "; put a CachingPool on top, which asks for no more");
+  CudaDeviceGuard guard(device_);
   void* p = nullptr;
   const cudaError_t err = cudaMalloc(&p, bytes);
   if (err != cudaSuccess) cuda_oom("cudaMalloc", bytes, device_, err);
-  if (reinterpret_cast<std::uintptr_t>(p) % alignment != 0) {
-    cudaFree(p);
-    throw ConfigError("tandem: cudaMalloc returned memory not aligned to " + std::to_string(alignment));
-  }
   outstanding_.fetch_add(static_cast<std::int64_t>(bytes));
   return p;
 }
 
 void CudaDeviceBackend::do_deallocate(void* p, std::size_t bytes, std::size_t, StreamId) noexcept {
-  DeviceGuard guard(device_);
+  CudaDeviceGuard guard(device_);
   const cudaError_t err = cudaFree(p);
   if (err != cudaSuccess) std::fprintf(stderr, "tandem: cudaFree(%p) failed: %s\n", p, cudaGetErrorString(err));
   outstanding_.fetch_sub(static_cast<std::int64_t>(bytes));
 }
 
 void* PinnedHostBackend::do_allocate(std::size_t bytes, std::size_t alignment, StreamId) {
-  if (alignment > 4096)
-    throw ConfigError("tandem: PinnedHostBackend supports alignments up to 4096 bytes, got " + std::to_string(alignment));
+  if (alignment > kPinnedHostAlignment)
+    throw ConfigError("tandem: PinnedHostBackend supports alignments up to " + std::to_string(kPinnedHostAlignment) +
+                      " bytes (a page), got " + std::to_string(alignment));
   void* p = nullptr;
   const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
   if (err != cudaSuccess) cuda_oom("cudaHostAlloc", bytes, -1, err);
@@ -95,10 +81,8 @@ constexpr int kMaxDevices = 64;
 struct DeviceStack {
   explicit DeviceStack(int device) : backend(device), pool(backend, options(device)) {}
   static CachingPoolOptions options(int device) {
-    CachingPoolOptions o;
+    CachingPoolOptions o;  // the defaults: segments are asked for what the backend guarantees
     o.name = "cuda:" + std::to_string(device);
-    o.segment_alignment = 512;
-    o.thread_cache = true;  // default stream only, as on the host
     return o;
   }
   CudaDeviceBackend backend;
@@ -131,13 +115,13 @@ DeviceStack& stack_for(int device) {
 
 extern "C" void* tandem_cuda_malloc(std::ptrdiff_t size, int device, void* stream) {
   using namespace tandem::memory;
-  return stack_for(device).pool.allocate(static_cast<std::size_t>(size), 512,
+  return stack_for(device).pool.allocate(static_cast<std::size_t>(size), kCudaMallocAlignment,
                                          StreamId{reinterpret_cast<std::uintptr_t>(stream)});
 }
 
 extern "C" void tandem_cuda_free(void* ptr, std::ptrdiff_t size, int device, void* stream) {
   using namespace tandem::memory;
-  stack_for(device).pool.deallocate(ptr, static_cast<std::size_t>(size), 512,
+  stack_for(device).pool.deallocate(ptr, static_cast<std::size_t>(size), kCudaMallocAlignment,
                                     StreamId{reinterpret_cast<std::uintptr_t>(stream)});
 }
 
@@ -145,4 +129,11 @@ extern "C" void tandem_cuda_empty_cache() {
   using namespace tandem::memory;
   for (auto& slot : stacks())
     if (DeviceStack* s = slot.load(std::memory_order_acquire)) s->pool.release();
+}
+
+extern "C" int tandem_cuda_memory_device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  cudaGetLastError();  // no driver or no device: not an error for the caller's next CUDA call
+  return n;
 }

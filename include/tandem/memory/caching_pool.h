@@ -42,7 +42,10 @@ struct CachingPoolOptions {
   std::size_t large_segment_size = 20 << 20;     // segment size for large requests below...
   std::size_t large_segment_threshold = 10 << 20;  // ...this; bigger ones get their own segment
   std::size_t segment_rounding = 2 << 20;        // own segments are rounded up to this
-  std::size_t segment_alignment = 4096;          // alignment asked of the upstream for segments
+  // Alignment asked of the upstream for segments, capped at what it honours (max_alignment()):
+  // a page on the host, 256 bytes from cudaMalloc. Cached blocks are aligned to
+  // min(that, min_block_size).
+  std::size_t segment_alignment = 4096;
   // Blocks larger than this are never split (SIZE_MAX: no limit). See the header comment.
   std::size_t max_split_size = std::numeric_limits<std::size_t>::max();
   // 0: round to min_block_size only. N > 1 (a power of two): round requests above
@@ -57,8 +60,9 @@ struct CachingPoolOptions {
 
 // The caching allocator. Thread-safe: the fast path (a thread re-allocating a small size it freed
 // recently) touches only that thread's cache; everything else takes the pool's mutex.
-// Alignments up to min_block_size are served from the cache; larger ones get a dedicated
-// upstream allocation that is returned to the upstream when freed.
+// Alignments up to block_alignment() are served from the cache; larger ones get a dedicated
+// upstream allocation that is returned to the upstream when freed (and throw ConfigError beyond
+// the upstream's max_alignment()).
 // Destroying the pool returns all cached memory upstream; segments that still hold live
 // allocations are left to the upstream (the memory is not unmapped under its users).
 class CachingPool final : public MemoryResource {
@@ -84,6 +88,10 @@ class CachingPool final : public MemoryResource {
   // The options the pool was built with.
   const CachingPoolOptions& options() const;
 
+  // The alignment every cached block has: min(segment_alignment, upstream's max_alignment(),
+  // min_block_size). Requests for more get a dedicated upstream allocation.
+  std::size_t block_alignment() const;
+
   // Implementation, public only so that thread-exit hooks in the .cpp can name it.
   struct Impl;
 
@@ -94,6 +102,7 @@ class CachingPool final : public MemoryResource {
   std::size_t do_release_cached() override;
   void do_collect_stats(MemoryStats& stats) const override;
   void do_collect_snapshot(Snapshot& snapshot) const override;
+  std::size_t do_max_alignment() const noexcept override;
 
   std::unique_ptr<Impl> impl_;
 };

@@ -6,11 +6,14 @@
 
 #include <tandem/memory/caching_pool.h>
 #include <tandem/memory/cpu_allocator.h>
+#include <tandem/memory/cross_stream_resource.h>
+#include <tandem/memory/cuda_allocator.h>
 #include <tandem/memory/host_backend.h>
 #include <tandem/memory/host_memory_stack.h>
 #include <tandem/memory/leak_detector.h>
 #include <tandem/memory/limiting_resource.h>
 #include <tandem/memory/memory_resource.h>
+#include <tandem/memory/memory_stack.h>
 #include <tandem/memory/memory_stats.h>
 #include <tandem/memory/snapshot.h>
 #include <tandem/memory/stack_trace.h>

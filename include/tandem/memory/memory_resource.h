@@ -24,6 +24,10 @@ struct Snapshot;
 // libtorch's CPU allocator promises (one cache line, enough for AVX-512 loads).
 inline constexpr std::size_t kDefaultAlignment = 64;
 
+// What max_alignment() reports for a resource that honours any power-of-two alignment (the
+// largest power of two a std::size_t holds).
+inline constexpr std::size_t kAnyAlignment = ~(~std::size_t{0} >> 1);
+
 // Opaque stream handle. Host resources ignore it; device resources reuse a freed block only for
 // allocations on the stream it was freed on (work queued on that stream is ordered after the
 // free). Value 0 is the default stream. A cudaStream_t converts with reinterpret_cast.
@@ -59,6 +63,12 @@ class MemoryResource {
   void deallocate(void* p, std::size_t bytes, std::size_t alignment = kDefaultAlignment,
                   StreamId stream = {}) noexcept;
 
+  // The largest alignment allocate() honours (a power of two; kAnyAlignment: any). A CachingPool
+  // asks its upstream for segments aligned to at most this, so it works over backends with a
+  // small guarantee (cudaMalloc: 256 bytes). Adaptors report their upstream's. Thread-safe,
+  // never throws.
+  std::size_t max_alignment() const noexcept { return do_max_alignment(); }
+
   // Gives cached, unused memory back to the layer below (ultimately the OS or the driver).
   // Returns the number of bytes released. Layers without a cache forward to their upstream.
   // Thread-safe; allocations in flight are unaffected.
@@ -80,6 +90,7 @@ class MemoryResource {
   virtual std::size_t do_release_cached() { return 0; }
   virtual void do_collect_stats(MemoryStats&) const {}
   virtual void do_collect_snapshot(Snapshot&) const {}
+  virtual std::size_t do_max_alignment() const noexcept { return kAnyAlignment; }
 };
 
 // Base for layers that wrap one upstream resource and forward what they do not handle.
@@ -95,6 +106,7 @@ class AdaptorResource : public MemoryResource {
   std::size_t do_release_cached() override { return upstream_->release_cached(); }
   void do_collect_stats(MemoryStats& s) const override { upstream_->collect_stats(s); }
   void do_collect_snapshot(Snapshot& s) const override { upstream_->collect_snapshot(s); }
+  std::size_t do_max_alignment() const noexcept override { return upstream_->max_alignment(); }
 
   MemoryResource* upstream_;
 };
