@@ -17,12 +17,18 @@
 namespace tandem {
 namespace {
 
+// File errors in base's own words: the operation, the path and the OS error, nothing about what
+// the file is for (a checkpoint, a timeline, an error file): the caller knows that and says it.
+// The type stays CheckpointError, which file_system.h promises (checkpoint/ catches it).
+[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
+
 [[noreturn]] void os_error(const std::string& op, const std::string& path, int err) {
   std::string hint;
-  if (err == ENOSPC) hint = " Free disk space or point the checkpoint directory elsewhere.";
+  if (err == ENOSPC) hint = " Free disk space there or write elsewhere.";
   else if (err == EACCES || err == EPERM) hint = " Check the directory's permissions.";
-  throw CheckpointError("tandem: checkpoint: " + op + " '" + path + "' failed: " +
-                        std::strerror(err) + " (errno " + std::to_string(err) + ")." + hint);
+  else if (err == ENOENT) hint = " Check the path.";
+  fail(op + " '" + path + "' failed: " + std::strerror(err) + " (errno " + std::to_string(err) +
+       ")." + hint);
 }
 
 class PosixWritableFile final : public WritableFile {
@@ -74,9 +80,9 @@ class PosixReadableFile final : public ReadableFile {
 
   void read(uint64_t offset, size_t n, void* dst) override {
     if (offset > size_ || n > size_ - offset) {
-      throw CheckpointError("tandem: checkpoint: read of " + std::to_string(n) + " bytes at offset " +
-                            std::to_string(offset) + " is past the end of '" + path_ + "' (" +
-                            std::to_string(size_) + " bytes): the file is truncated.");
+      fail("read of " + std::to_string(n) + " bytes at offset " + std::to_string(offset) +
+           " is past the end of '" + path_ + "' (" + std::to_string(size_) +
+           " bytes): the file is truncated.");
     }
     char* p = static_cast<char*>(dst);
     while (n > 0) {
@@ -87,8 +93,8 @@ class PosixReadableFile final : public ReadableFile {
         os_error("read", path_, errno);
       }
       if (r == 0) {
-        throw CheckpointError("tandem: checkpoint: '" + path_ + "' ended early at offset " +
-                              std::to_string(offset) + ": the file is truncated.");
+        fail("'" + path_ + "' ended early at offset " + std::to_string(offset) +
+             ": the file is truncated.");
       }
       p += r;
       offset += static_cast<uint64_t>(r);
@@ -121,7 +127,7 @@ class PosixFileSystem final : public FileSystem {
     }
     if (!S_ISREG(st.st_mode)) {
       ::close(fd);
-      throw CheckpointError("tandem: checkpoint: '" + path + "' is not a regular file.");
+      fail("'" + path + "' is not a regular file.");
     }
     return std::make_unique<PosixReadableFile>(path, fd, static_cast<uint64_t>(st.st_size));
   }
@@ -146,7 +152,7 @@ class PosixFileSystem final : public FileSystem {
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) return;
-      throw CheckpointError("tandem: checkpoint: '" + path + "' exists and is not a directory.");
+      fail("'" + path + "' exists and is not a directory.");
     }
     const std::string parent = parent_path(path);
     if (parent != path && parent != "." && parent != "/") create_dirs(parent);

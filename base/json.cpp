@@ -29,14 +29,21 @@ const char* type_name(JsonValue::Type t) {
   return "?";
 }
 
-[[noreturn]] void type_error(const std::string& what, const char* want, JsonValue::Type got) {
-  throw CheckpointError("tandem: checkpoint: " + what + " must be a JSON " + want + ", got " +
-                        type_name(got) + "; the file is corrupt or not a tandem checkpoint.");
+// Raises `sentence` as `mode` asks; `corrupt`: the file's content is at fault (a checkpoint's
+// message then says what that means), not the writer's value.
+[[noreturn]] void raise(JsonErrors mode, const std::string& sentence, bool corrupt) {
+  if (mode == JsonErrors::kPlain) throw JsonError(sentence);
+  throw CheckpointError("tandem: checkpoint: " + sentence +
+                        (corrupt ? "; the file is corrupt or not a tandem checkpoint." : "."));
 }
 
-[[noreturn]] void malformed(size_t offset, const std::string& why) {
-  throw CheckpointError("tandem: checkpoint: malformed JSON at byte " + std::to_string(offset) +
-                        ": " + why + ".");
+[[noreturn]] void type_error(JsonErrors mode, const std::string& what, const char* want,
+                             JsonValue::Type got) {
+  raise(mode, what + " must be a JSON " + want + ", got " + type_name(got), true);
+}
+
+[[noreturn]] void malformed(JsonErrors mode, size_t offset, const std::string& why) {
+  raise(mode, "malformed JSON at byte " + std::to_string(offset) + ": " + why, false);
 }
 
 // The input as nlohmann reads it, one byte at a time, recording how far it got: the SAX callbacks
@@ -67,8 +74,8 @@ class TrackedInput {
 // into its parent first and filled in place (the parent does not grow until the child is closed).
 class Builder {
  public:
-  Builder(const JsonLimits& limits, const char* begin, const char* const* read_to)
-      : limits_(limits), begin_(begin), read_to_(read_to) {}
+  Builder(const JsonLimits& limits, JsonErrors errors, const char* begin, const char* const* read_to)
+      : limits_(limits), errors_(errors), begin_(begin), read_to_(read_to) {}
 
   JsonValue take() { return std::move(root_); }
 
@@ -109,12 +116,12 @@ class Builder {
     if (const size_t at = what.find(": "); what.rfind("parse error", 0) == 0 && at != std::string::npos) {
       what.erase(0, at + 2);
     }
-    malformed(position, printable(what));
+    malformed(errors_, position, printable(what));
   }
 
  private:
   [[noreturn]] void fail(const std::string& why) const {
-    malformed(static_cast<size_t>(*read_to_ - begin_), why);
+    malformed(errors_, static_cast<size_t>(*read_to_ - begin_), why);
   }
 
   // Bytes that could garble a message (input echoed back) shown as '?'.
@@ -136,6 +143,7 @@ class Builder {
     if (open_.size() > static_cast<size_t>(limits_.max_depth)) {
       fail("nesting deeper than " + std::to_string(limits_.max_depth));
     }
+    v.set_errors(errors_);
     if (open_.empty()) {
       root_ = std::move(v);
       return &root_;
@@ -160,6 +168,7 @@ class Builder {
   }
 
   const JsonLimits& limits_;
+  const JsonErrors errors_;
   const char* begin_;
   const char* const* read_to_;
   JsonValue root_;
@@ -177,7 +186,7 @@ ordered_json to_nlohmann(const JsonValue& v) {
     case JsonValue::Type::kInt: return v.as_int("");
     case JsonValue::Type::kDouble: {
       const double d = v.as_double("");
-      if (!std::isfinite(d)) throw CheckpointError("tandem: checkpoint: cannot write a non-finite number to JSON.");
+      if (!std::isfinite(d)) raise(v.errors(), "cannot write a non-finite number to JSON", false);
       return d;
     }
     case JsonValue::Type::kString: return v.as_string("");
@@ -204,8 +213,8 @@ ordered_json to_nlohmann(const JsonValue& v) {
 
 JsonValue::JsonValue(uint64_t v) : type_(Type::kInt) {
   if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-    throw CheckpointError("tandem: checkpoint: integer " + std::to_string(v) +
-                          " does not fit the JSON integers tandem writes (int64).");
+    raise(errors_, "integer " + std::to_string(v) + " does not fit the JSON integers tandem writes (int64)",
+          false);
   }
   int_ = static_cast<int64_t>(v);
 }
@@ -223,33 +232,33 @@ JsonValue JsonValue::object() {
 }
 
 bool JsonValue::as_bool(const std::string& what) const {
-  if (type_ != Type::kBool) type_error(what, "boolean", type_);
+  if (type_ != Type::kBool) type_error(errors_, what, "boolean", type_);
   return bool_;
 }
 
 int64_t JsonValue::as_int(const std::string& what) const {
-  if (type_ != Type::kInt) type_error(what, "integer", type_);
+  if (type_ != Type::kInt) type_error(errors_, what, "integer", type_);
   return int_;
 }
 
 double JsonValue::as_double(const std::string& what) const {
   if (type_ == Type::kInt) return static_cast<double>(int_);
-  if (type_ != Type::kDouble) type_error(what, "number", type_);
+  if (type_ != Type::kDouble) type_error(errors_, what, "number", type_);
   return double_;
 }
 
 const std::string& JsonValue::as_string(const std::string& what) const {
-  if (type_ != Type::kString) type_error(what, "string", type_);
+  if (type_ != Type::kString) type_error(errors_, what, "string", type_);
   return string_;
 }
 
 const std::vector<JsonValue>& JsonValue::as_array(const std::string& what) const {
-  if (type_ != Type::kArray) type_error(what, "array", type_);
+  if (type_ != Type::kArray) type_error(errors_, what, "array", type_);
   return array_;
 }
 
 const std::vector<JsonValue::Member>& JsonValue::as_object(const std::string& what) const {
-  if (type_ != Type::kObject) type_error(what, "object", type_);
+  if (type_ != Type::kObject) type_error(errors_, what, "object", type_);
   return object_;
 }
 
@@ -265,20 +274,19 @@ const JsonValue& JsonValue::at(std::string_view key, const std::string& what) co
   as_object(what);
   const JsonValue* v = find(key);
   if (v == nullptr) {
-    throw CheckpointError("tandem: checkpoint: " + what + " has no \"" + std::string(key) +
-                          "\" member; the file is corrupt or not a tandem checkpoint.");
+    raise(errors_, what + " has no \"" + std::string(key) + "\" member", true);
   }
   return *v;
 }
 
 JsonValue& JsonValue::push_back(JsonValue v) {
-  if (type_ != Type::kArray) type_error("push_back target", "array", type_);
+  if (type_ != Type::kArray) type_error(errors_, "push_back target", "array", type_);
   array_.push_back(std::move(v));
   return array_.back();
 }
 
 JsonValue& JsonValue::set(std::string key, JsonValue v) {
-  if (type_ != Type::kObject) type_error("set target", "object", type_);
+  if (type_ != Type::kObject) type_error(errors_, "set target", "object", type_);
   object_.emplace_back(std::move(key), std::move(v));
   return object_.back().second;
 }
@@ -287,20 +295,25 @@ std::string JsonValue::dump(int indent) const {
   try {
     return to_nlohmann(*this).dump(indent < 0 ? -1 : indent);
   } catch (const ordered_json::type_error& e) {  // 316: a string is not valid UTF-8
-    throw CheckpointError(std::string("tandem: checkpoint: cannot write JSON: ") + e.what() +
-                          "; names and string values must be valid UTF-8.");
+    raise(errors_, std::string("cannot write JSON: ") + e.what() +
+                       "; names and string values must be valid UTF-8",
+          false);
   }
 }
 
 JsonValue parse_json(std::string_view text, const JsonLimits& limits) {
+  return parse_json(text, JsonErrors::kCheckpoint, limits);
+}
+
+JsonValue parse_json(std::string_view text, JsonErrors errors, const JsonLimits& limits) {
   if (text.size() > limits.max_input_bytes) {
-    malformed(0, "input of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
-                     std::to_string(limits.max_input_bytes));
+    malformed(errors, 0, "input of " + std::to_string(text.size()) + " bytes exceeds the limit of " +
+                             std::to_string(limits.max_input_bytes));
   }
   // nlohmann skips a UTF-8 byte-order mark; RFC 8259 forbids one in JSON text.
-  if (text.substr(0, 3) == "\xEF\xBB\xBF") malformed(0, "byte-order mark before the value");
+  if (text.substr(0, 3) == "\xEF\xBB\xBF") malformed(errors, 0, "byte-order mark before the value");
   const char* read_to = text.data();
-  Builder builder(limits, text.data(), &read_to);
+  Builder builder(limits, errors, text.data(), &read_to);
   ordered_json::sax_parse(TrackedInput(text.data(), &read_to),
                           TrackedInput(text.data() + text.size(), &read_to), &builder,
                           ordered_json::input_format_t::json, /*strict=*/true,

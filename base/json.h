@@ -1,6 +1,6 @@
-// Strict JSON for checkpoint headers and manifests, error files, traces and tuning records: a thin
-// wrapper over nlohmann-json (its lexer, parser and serializer) that adds what a reader of hostile
-// files needs and nlohmann does not enforce itself.
+// Strict JSON, the project's JSON home (checkpoint headers and manifests, error files, traces,
+// metrics lines, tuning records): a thin wrapper over nlohmann-json (its lexer, parser and
+// serializer) that adds what a reader of hostile files needs and nlohmann does not enforce itself.
 //
 // Reading (parse_json) accepts RFC 8259 JSON and rejects everything else: trailing commas,
 // comments, NaN/Infinity, leading zeros, unescaped control characters, invalid UTF-8 and unpaired
@@ -16,9 +16,13 @@
 //
 // Ownership: JsonValue is a plain value that owns its children.
 // Thread-safety: const methods may be called concurrently; parse_json is reentrant.
-// Errors: CheckpointError, saying at which byte offset and what was expected (reading), which
-// member had the wrong type (typed access), or what cannot be written (dump).
+// Errors: saying at which byte offset and what was expected (reading), which member had the
+// wrong type or is missing (typed access), or what cannot be written (dump), raised as the
+// caller's JsonErrors asks: CheckpointError in a checkpoint's words, or JsonError with the bare
+// sentence for a caller that names its own file (a trace, an error file, a tune record).
 #pragma once
+
+#include <tandem/base/errors.h>
 
 #include <cstddef>
 #include <cstdint>
@@ -28,6 +32,24 @@
 #include <vector>
 
 namespace tandem {
+
+// A JSON text that is malformed, a member of the wrong type or missing, or a value that cannot be
+// written, as base/json says it: the bare sentence ("malformed JSON at byte 12: expected value",
+// "traceEvents must be a JSON array, got string"), for the caller to word for its file.
+class JsonError : public Error {
+ public:
+  using Error::Error;
+};
+
+// How a value reports its errors. A parsed value and all of it keep the mode of their parse_json
+// call; a value built in code has kCheckpoint unless set_errors() says otherwise.
+enum class JsonErrors : unsigned char {
+  // CheckpointError in a checkpoint's words: "tandem: checkpoint: <what>; the file is corrupt or not
+  // a tandem checkpoint." What checkpoint/ reads and writes (manifests, shard headers, records).
+  kCheckpoint,
+  // JsonError with the bare sentence: any other file, which its reader names in its own words.
+  kPlain,
+};
 
 struct JsonLimits {
   size_t max_input_bytes = 256u << 20;  // 256 MiB
@@ -61,7 +83,7 @@ class JsonValue {
   bool is_array() const { return type_ == Type::kArray; }
   bool is_object() const { return type_ == Type::kObject; }
 
-  // Typed access; a wrong type throws CheckpointError naming `what` (e.g. "manifest.step").
+  // Typed access; a wrong type throws (errors()) naming `what` (e.g. "manifest.step").
   bool as_bool(const std::string& what) const;
   int64_t as_int(const std::string& what) const;
   double as_double(const std::string& what) const;  // ints convert
@@ -81,8 +103,13 @@ class JsonValue {
   // many spaces per level.
   std::string dump(int indent = -1) const;
 
+  // How this value raises its errors (see JsonErrors). set_errors() sets it for this value only.
+  JsonErrors errors() const { return errors_; }
+  void set_errors(JsonErrors errors) { errors_ = errors; }
+
  private:
   Type type_ = Type::kNull;
+  JsonErrors errors_ = JsonErrors::kCheckpoint;  // in the padding after type_: no size cost
   bool bool_ = false;
   int64_t int_ = 0;
   double double_ = 0;
@@ -91,8 +118,10 @@ class JsonValue {
   std::vector<Member> object_;
 };
 
-// Parses exactly one JSON value spanning all of `text` (whitespace around it allowed).
+// Parses exactly one JSON value spanning all of `text` (whitespace around it allowed). Errors, and
+// the value's own later ones, are raised as `errors` says; without it, as a checkpoint's.
 JsonValue parse_json(std::string_view text, const JsonLimits& limits = {});
+JsonValue parse_json(std::string_view text, JsonErrors errors, const JsonLimits& limits = {});
 
 // Appends `s` as a JSON string literal (with quotes) to `out`; bytes that are not valid UTF-8
 // become U+FFFD, so the output is always valid JSON.

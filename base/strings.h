@@ -40,7 +40,8 @@ std::optional<int64_t> parse_int(std::string_view text);
 // The whole of `text` as a finite or infinite double ("1e-3", "0.5", "inf"), or nullopt.
 std::optional<double> parse_double(std::string_view text);
 
-// Text safe inside XML/SVG/HTML element content and attribute values (& < > " ').
+// Text safe inside XML/SVG/HTML element content and attribute values (& < > " ' as entities;
+// control characters XML 1.0 forbids, all below 0x20 but tab, newline and return, as '?').
 std::string xml_escape(std::string_view text);
 
 // The readable C++ name of a mangled one (typeid(x).name()); the input itself when it is not

@@ -1,8 +1,9 @@
 // The timeline recorder (include/tandem/base/trace.h): per-thread buffers of packed records in
-// mapped memory, Chrome-trace output.
+// mapped memory, Chrome-trace output through base/chrome_trace.h.
 #include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
 
+#include "base/chrome_trace.h"
 #include "base/json.h"
 
 #include <pthread.h>
@@ -13,7 +14,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cinttypes>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -185,35 +185,13 @@ void record(char ph, const char* category, std::string_view name, int64_t ts, in
   }
 }
 
-void append_event(std::string& out, const Record& e, int rank, int64_t tid) {
-  char head[160];
-  out += "{\"name\":";
-  append_json_string(out, e.name());
-  out += ",\"cat\":";
-  append_json_string(out, e.category);
-  std::snprintf(head, sizeof head, ",\"ph\":\"%c\",\"ts\":%" PRId64 ",\"pid\":%d,\"tid\":%" PRId64,
-                e.ph, e.ts, rank, tid);
-  out += head;
-  if (e.ph == 'X') out += ",\"dur\":" + std::to_string(e.dur);
-  if (e.ph == 'b' || e.ph == 'e') out += ",\"id\":" + std::to_string(e.id);
-  if (e.ph == 'i') out += ",\"s\":\"t\"";
-  out += ",\"args\":{";
-  out += e.args();
-  out += "}}";
-}
-
-void append_metadata(std::string& out, const char* name, int rank, int64_t tid,
-                     const std::string& args) {
-  out += "{\"name\":\"" + std::string(name) + "\",\"ph\":\"M\",\"pid\":" + std::to_string(rank) +
-         ",\"tid\":" + std::to_string(tid) + ",\"args\":{" + args + "}}";
-}
-
-// Writes the session as Chrome-trace JSON to `f` in pieces of about 1 MiB: a full session (a
-// million events, ~150 MB of text) is never held twice. False on a write error.
+// Writes the session as Chrome-trace JSON (base/chrome_trace.h) to `f` in pieces of about 1 MiB:
+// a full session (a million events, ~150 MB of text) is never held twice. False on a write error.
 bool render(std::FILE* f, const Session& session,
             const std::vector<std::shared_ptr<ThreadBuffer>>& buffers, int64_t recorded,
             int64_t dropped) {
-  std::string out = "{\"traceEvents\":[\n";
+  ChromeTraceWriter writer;
+  std::string& out = writer.text();
   bool ok = true;
   auto flush = [&](size_t at_least) {
     if (out.size() < at_least) return;
@@ -221,29 +199,36 @@ bool render(std::FILE* f, const Session& session,
     out.clear();
   };
   const int rank = session.rank;
-  std::string name_arg = "\"name\":";
-  append_json_string(name_arg, "rank " + std::to_string(rank));
-  append_metadata(out, "process_name", rank, 0, name_arg);
-  out += ",\n";
-  append_metadata(out, "process_sort_index", rank, 0, "\"sort_index\":" + std::to_string(rank));
+  writer.metadata("process_name", rank, 0, Args().add("name", "rank " + std::to_string(rank)).body());
+  writer.metadata("process_sort_index", rank, 0, Args().add("sort_index", rank).body());
   for (const auto& buffer : buffers) {
     std::lock_guard<std::mutex> lock(buffer->mutex);
-    std::string thread_arg = "\"name\":";
-    append_json_string(thread_arg, buffer->thread_name.empty()
-                                       ? "thread " + std::to_string(buffer->tid)
-                                       : buffer->thread_name);
-    out += ",\n";
-    append_metadata(out, "thread_name", rank, buffer->tid, thread_arg);
-    buffer->for_each([&](const Record& e) {
-      out += ",\n";
-      append_event(out, e, rank, buffer->tid);
+    const std::string thread_name = buffer->thread_name.empty()
+                                        ? "thread " + std::to_string(buffer->tid)
+                                        : buffer->thread_name;
+    writer.metadata("thread_name", rank, buffer->tid, Args().add("name", thread_name).body());
+    buffer->for_each([&](const Record& r) {
+      ChromeTraceEvent e;
+      e.name = r.name();
+      e.category = r.category != nullptr ? r.category : "";
+      e.phase = r.ph;
+      e.ts_us = static_cast<double>(r.ts);
+      e.pid = rank;
+      e.tid = buffer->tid;
+      e.dur_us = static_cast<double>(r.dur);
+      e.id = r.id;
+      e.args = r.args();
+      writer.event(e);
       flush(size_t{1} << 20);
     });
   }
-  out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"tandem_trace_version\":1,\"rank\":" +
-         std::to_string(rank) + ",\"recorded_events\":" + std::to_string(recorded) +
-         ",\"dropped_events\":" + std::to_string(dropped) +
-         ",\"clock\":\"CLOCK_REALTIME microseconds\"}}\n";
+  JsonValue other = JsonValue::object();
+  other.set("tandem_trace_version", JsonValue(1));
+  other.set("rank", JsonValue(rank));
+  other.set("recorded_events", JsonValue(recorded));
+  other.set("dropped_events", JsonValue(dropped));
+  other.set("clock", JsonValue("CLOCK_REALTIME microseconds"));
+  writer.finish(other);
   flush(0);
   return ok;
 }

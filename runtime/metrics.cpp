@@ -7,9 +7,9 @@
 #include <tandem/runtime/metrics.h>
 #include <tandem/runtime/reducer.h>
 
+#include "base/json.h"
 #include "runtime/live_metrics.h"
 
-#include <nlohmann/json.hpp>
 #include <sys/resource.h>
 
 #include <cerrno>
@@ -48,10 +48,10 @@ std::string fixed(double v, int digits) {
 
 // A number for JSON: integral values print as integers ("16", not "16.0"), others in their
 // shortest round-trip form, NaN/Inf as null.
-nlohmann::ordered_json json_number(double v) {
-  if (!std::isfinite(v)) return nullptr;
-  if (std::trunc(v) == v && std::fabs(v) < 9.0e15) return static_cast<int64_t>(v);
-  return v;
+JsonValue json_number(double v) {
+  if (!std::isfinite(v)) return JsonValue();
+  if (std::trunc(v) == v && std::fabs(v) < 9.0e15) return JsonValue(static_cast<int64_t>(v));
+  return JsonValue(v);
 }
 
 }  // namespace
@@ -189,15 +189,15 @@ std::string ProgressLogger::format_line(const ProgressRecord& r) {
 }
 
 std::string ProgressLogger::format_json(const ProgressRecord& r) {
-  nlohmann::ordered_json j;  // keys in the documented order
-  j["step"] = r.step;
-  if (r.total_steps > 0) j["total_steps"] = r.total_steps;
-  j["loss"] = json_number(r.loss);
-  j["samples_per_s"] = json_number(r.samples_per_s);
-  j["elapsed_s"] = json_number(r.elapsed_s);
-  if (r.eta_s) j["eta_s"] = json_number(*r.eta_s);
-  j["peak_bytes"] = r.peak_bytes;
-  if (r.overlap) j["overlap"] = json_number(*r.overlap);
+  JsonValue j = JsonValue::object();  // keys in the documented order
+  j.set("step", JsonValue(static_cast<int64_t>(r.step)));
+  if (r.total_steps > 0) j.set("total_steps", JsonValue(static_cast<int64_t>(r.total_steps)));
+  j.set("loss", json_number(r.loss));
+  j.set("samples_per_s", json_number(r.samples_per_s));
+  j.set("elapsed_s", json_number(r.elapsed_s));
+  if (r.eta_s) j.set("eta_s", json_number(*r.eta_s));
+  j.set("peak_bytes", JsonValue(static_cast<int64_t>(r.peak_bytes)));
+  if (r.overlap) j.set("overlap", json_number(*r.overlap));
   return j.dump();
 }
 

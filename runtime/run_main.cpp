@@ -4,10 +4,10 @@
 #include <tandem/base/errors.h>
 #include <tandem/base/file_system.h>
 
+#include "base/json.h"
 #include "base/strings.h"
 
 #include <cxxabi.h>
-#include <nlohmann/json.hpp>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -32,9 +32,11 @@ namespace {
 
 // ---- JSON error file --------------------------------------------------------------------------
 
-// `text` as a JSON string literal; bytes that are not UTF-8 become U+FFFD.
+// `text` as a JSON string literal (base/json.h); bytes that are not UTF-8 become U+FFFD.
 std::string json_string(const std::string& text) {
-  return nlohmann::json(text).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  append_json_string(out, text);
+  return out;
 }
 
 // ---- fatal signals ----------------------------------------------------------------------------

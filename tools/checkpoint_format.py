@@ -1,6 +1,6 @@
 """The tandem checkpoint format in Python: strict JSON, shard headers and manifests from bytes.
 
-A port of the C++ parsers (checkpoint/json.cpp, checkpoint/format.cpp) that accepts and rejects
+A port of the C++ parsers (base/json.cpp, checkpoint/format.cpp) that accepts and rejects
 exactly what they do, with the same checks in the same order; tools/checkpoint_reader.py builds
 files and step directories on it. Every defect raises CheckpointError naming `where` (the file) and
 the reason; no other exception escapes for any input bytes (tests/checkpoint/
@@ -48,7 +48,7 @@ def fail(where, why):
     raise CheckpointError("'%s': %s" % (where, why))
 
 
-# --- strict JSON, as checkpoint/json.cpp reads it --------------------------------------------------
+# --- strict JSON, as base/json.cpp reads it --------------------------------------------------------
 
 def _number(text, integer):
     if len(text) > 400:

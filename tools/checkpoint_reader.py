@@ -5,7 +5,7 @@ A shard is a safetensors-compatible file: an 8-byte little-endian header length 
 header, then raw little-endian tensor bytes. A committed step is a directory step_N holding the
 shards and manifest.json. This reader never executes anything from a checkpoint (no pickle) and
 checks what the C++ loader checks, in the same order (checkpoint/format.cpp, step_directory.cpp):
-strict JSON (checkpoint/json.cpp), every header and manifest field, every offset against the file
+strict JSON (base/json.cpp), every header and manifest field, every offset against the file
 size, the shard header against the manifest's record of it (tensors and values), and, when
 verifying, the manifest's XXH3-64, every tensor's and the whole file's. Every defect raises
 CheckpointError naming the file and the reason; nothing else escapes.

@@ -1,13 +1,19 @@
-// simulate(), bubble_fractions() and the SVG / Chrome-trace exports.
+// simulate(), bubble_fractions() and the SVG / Chrome-trace exports (drawn through base/'s
+// SvgWriter and ChromeTraceWriter, the one writer of each).
 #include <tandem/runtime/pipeline_simulate.h>
+
+#include <tandem/base/file_system.h>
+#include <tandem/base/trace.h>
+
+#include "base/chrome_trace.h"
+#include "base/json.h"
+#include "base/svg_writer.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <limits>
 #include <map>
-#include <sstream>
 #include <tuple>
 
 namespace tandem::pipeline {
@@ -196,27 +202,12 @@ const char* color(Op op) {
   }
 }
 
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<':
-        out += "&lt;";
-        break;
-      case '>':
-        out += "&gt;";
-        break;
-      case '&':
-        out += "&amp;";
-        break;
-      case '"':
-        out += "&quot;";
-        break;
-      default:
-        out += c;
-    }
-  }
-  return out;
+std::string fill(Op op) { return std::string("fill=\"") + color(op) + "\""; }
+
+std::string format(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, fmt, v);
+  return buf;
 }
 
 }  // namespace
@@ -235,105 +226,81 @@ std::string to_svg(const Schedule& s, const std::vector<TimedAction>& timeline,
   const auto bubbles = bubble_fractions(timeline, s.num_ranks);
   double mean_bubble = 0;
   for (double b : bubbles) mean_bubble += b / std::max(1, s.num_ranks);
-  char buf[512];
-  std::ostringstream out;
-  std::snprintf(buf, sizeof(buf),
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                "font-family=\"sans-serif\" font-size=\"11\">\n",
-                left + width + 20, height);
-  out << buf << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
-  std::snprintf(buf, sizeof(buf),
-                "<text x=\"%.0f\" y=\"20\" font-size=\"14\">%s: %d ranks, %d stages, %d "
-                "microbatches, makespan %.3f ms, bubble %.1f%%</text>\n",
-                left, escape(title.empty() ? s.name : title).c_str(), s.num_ranks, s.num_stages,
-                s.num_microbatches, span * 1e3, 100 * mean_bubble);
-  out << buf;
+  SvgWriter svg;
+  svg.text(left, 20,
+           (title.empty() ? s.name : title) + ": " + std::to_string(s.num_ranks) + " ranks, " +
+               std::to_string(s.num_stages) + " stages, " + std::to_string(s.num_microbatches) +
+               " microbatches, makespan " + format("%.3f", span * 1e3) + " ms, bubble " +
+               format("%.1f", 100 * mean_bubble) + "%",
+           "font-size=\"14\"");
   for (int r = 0; r < s.num_ranks; ++r) {
-    std::snprintf(buf, sizeof(buf),
-                  "<text x=\"5\" y=\"%.1f\">rank %d</text>\n"
-                  "<line x1=\"%.0f\" y1=\"%.1f\" x2=\"%.0f\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
-                  top + r * row + row * 0.6, r, left, top + (r + 1) * row, left + width,
-                  top + (r + 1) * row);
-    out << buf;
+    svg.text(5, top + r * row + row * 0.6, "rank " + std::to_string(r));
+    svg.line(left, top + (r + 1) * row, left + width, top + (r + 1) * row, "stroke=\"#ddd\"");
   }
   for (const auto& t : timeline) {
     if (!is_compute(t.action.op)) continue;
     const double x = left + (t.start - lo) / span * width;
     const double w = std::max(0.5, (t.end - t.start) / span * width);
     const double y = top + t.rank * row + 3;
-    std::snprintf(buf, sizeof(buf),
-                  "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
-                  "stroke=\"white\" stroke-width=\"0.5\"><title>%s %.3f-%.3f ms</title></rect>\n",
-                  x, y, w, row - 6, color(t.action.op), to_string(t.action).c_str(),
-                  (t.start - lo) * 1e3, (t.end - lo) * 1e3);
-    out << buf;
+    svg.rect(x, y, w, row - 6, fill(t.action.op) + " stroke=\"white\" stroke-width=\"0.5\"",
+             to_string(t.action) + " " + format("%.3f", (t.start - lo) * 1e3) + "-" +
+                 format("%.3f", (t.end - lo) * 1e3) + " ms");
     if (w >= 14) {
-      std::snprintf(
-          buf, sizeof(buf),
-          "<text x=\"%.2f\" y=\"%.1f\" fill=\"white\" text-anchor=\"middle\">%s%d</text>\n",
-          x + w / 2, y + (row - 6) * 0.65, to_string(t.action.op), t.action.microbatch);
-      out << buf;
+      svg.text(x + w / 2, y + (row - 6) * 0.65,
+               to_string(t.action.op) + std::to_string(t.action.microbatch),
+               "fill=\"white\" text-anchor=\"middle\"");
     }
   }
   // Time axis: 5 ticks.
   const double axis_y = top + row * s.num_ranks + 15;
   for (int i = 0; i <= 5; ++i) {
     const double x = left + width * i / 5;
-    std::snprintf(buf, sizeof(buf),
-                  "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#888\"/>"
-                  "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%.3g ms</text>\n",
-                  x, axis_y - 5, x, axis_y, x, axis_y + 12, span * 1e3 * i / 5);
-    out << buf;
+    svg.line(x, axis_y - 5, x, axis_y, "stroke=\"#888\"");
+    svg.text(x, axis_y + 12, format("%.3g", span * 1e3 * i / 5) + " ms", "text-anchor=\"middle\"");
   }
   // Legend.
   const Op legend[] = {Op::kForward, Op::kBackward, Op::kBackwardInput, Op::kBackwardWeight};
   const char* names[] = {"F forward", "B backward", "I input grad", "W weight grad"};
   for (int i = 0; i < 4; ++i) {
-    std::snprintf(buf, sizeof(buf),
-                  "<rect x=\"%.0f\" y=\"%.1f\" width=\"12\" height=\"12\" fill=\"%s\"/>"
-                  "<text x=\"%.0f\" y=\"%.1f\">%s</text>\n",
-                  left + i * 140.0, axis_y + 22, color(legend[i]), left + i * 140.0 + 16,
-                  axis_y + 32, names[i]);
-    out << buf;
+    svg.rect(left + i * 140.0, axis_y + 22, 12, 12, fill(legend[i]));
+    svg.text(left + i * 140.0 + 16, axis_y + 32, names[i]);
   }
-  out << "</svg>\n";
-  return out.str();
+  return svg.finish(left + width + 20, height, "font-size=\"11\"");
 }
 
 std::string to_chrome_trace(const Schedule& s, const std::vector<TimedAction>& timeline) {
   double lo = std::numeric_limits<double>::infinity();
   for (const auto& t : timeline) lo = std::min(lo, t.start);
   if (timeline.empty()) lo = 0;
-  std::ostringstream out;
-  char buf[512];
-  out << "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"schedule\":\"" << escape(s.name)
-      << "\"},\"traceEvents\":[\n";
-  bool first = true;
+  ChromeTraceWriter out;
   for (int r = 0; r < s.num_ranks; ++r) {
-    std::snprintf(buf, sizeof(buf),
-                  "%s{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%d,"
-                  "\"args\":{\"name\":\"rank %d\"}}",
-                  first ? "" : ",\n", r, r);
-    out << buf;
-    first = false;
+    out.metadata("thread_name", 0, r, trace::Args().add("name", "rank " + std::to_string(r)).body());
   }
   for (const auto& t : timeline) {
-    std::snprintf(buf, sizeof(buf),
-                  ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%d,"
-                  "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"stage\":%d,\"microbatch\":%d}}",
-                  to_string(t.action).c_str(), to_string(t.action.op), t.rank, (t.start - lo) * 1e6,
-                  (t.end - t.start) * 1e6, t.action.stage, t.action.microbatch);
-    out << buf;
+    const std::string name = to_string(t.action);
+    const trace::Args args =
+        trace::Args().add("stage", t.action.stage).add("microbatch", t.action.microbatch);
+    ChromeTraceEvent e;
+    e.name = name;
+    e.category = to_string(t.action.op);
+    e.ts_us = (t.start - lo) * 1e6;
+    e.tid = t.rank;
+    e.dur_us = (t.end - t.start) * 1e6;
+    e.args = args.body();
+    out.event(e);
   }
-  out << "\n]}\n";
-  return out.str();
+  JsonValue other = JsonValue::object();
+  other.set("schedule", JsonValue(s.name));
+  out.finish(other);
+  return std::move(out.text());
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) throw ConfigError("cannot write '" + path + "'");
+  try {
+    posix_file_system()->write_file_atomically(path, text);
+  } catch (const Error& e) {
+    throw ConfigError(std::string("tandem: pipeline: cannot write '") + path + "': " + e.what());
+  }
 }
 
 }  // namespace tandem::pipeline

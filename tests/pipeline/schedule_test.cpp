@@ -5,8 +5,11 @@
 #include <tandem/runtime/pipeline_schedule.h>
 #include <tandem/runtime/pipeline_simulate.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 
@@ -419,15 +422,48 @@ TEST(ScheduleExport, SvgAndChromeTraceCarryEveryActionWithItsDuration) {
   size_t rects = 0;
   for (size_t pos = 0; (pos = svg.find("<title>", pos)) != std::string::npos; ++pos) ++rects;
   EXPECT_EQ(rects, 2u * 4u * 3u);  // F, I, W per stage and microbatch
-  const std::string trace = to_chrome_trace(s, r.timeline);
-  EXPECT_TRUE(contains(trace, "\"traceEvents\""));
-  EXPECT_TRUE(contains(trace,
-                       "\"name\":\"F0:0\",\"cat\":\"F\",\"ph\":\"X\",\"pid\":0,\"tid\":0,"
-                       "\"ts\":0.000,\"dur\":2000.000"));
-  EXPECT_TRUE(contains(trace, "\"args\":{\"name\":\"rank 1\"}"));
+  const nlohmann::json trace = nlohmann::json::parse(to_chrome_trace(s, r.timeline));
+  const nlohmann::json* f00 = nullptr;
+  size_t threads = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["name"] == "F0:0") f00 = &e;
+    if (e["name"] == "thread_name" && e["args"]["name"] == "rank " + std::to_string(e["tid"].get<int>())) {
+      ++threads;
+    }
+  }
+  ASSERT_NE(f00, nullptr) << trace.dump();
+  EXPECT_EQ((*f00)["cat"], "F");
+  EXPECT_EQ((*f00)["ph"], "X");
+  EXPECT_EQ((*f00)["pid"], 0);
+  EXPECT_EQ((*f00)["tid"], 0);
+  EXPECT_DOUBLE_EQ((*f00)["ts"].get<double>(), 0.0);
+  EXPECT_NEAR((*f00)["dur"].get<double>(), 2000.0, 1e-3);  // microseconds
+  EXPECT_EQ((*f00)["args"]["stage"], 0);
+  EXPECT_EQ(threads, 2u);  // one named thread per rank
   // Measured bubble of the simulated timeline equals the simulated bubble.
   const auto b = bubble_fractions(r.timeline, 2);
   for (int i = 0; i < 2; ++i) EXPECT_NEAR(b[i], r.bubble[i], 1e-12);
+}
+
+// A schedule's name is free text. Quotes, backslashes and control characters in it must leave
+// the Chrome trace valid JSON (it once went through an XML escaper: '"' became &quot; and a
+// backslash or a control character passed through raw) and the SVG well-formed.
+TEST(ScheduleExport, ChromeTraceIsValidJsonWhateverTheScheduleIsCalled) {
+  Schedule s = one_f_one_b(2, 3);
+  s.name = "odd \"name\" \\ with\x01 a control <char>";
+  const auto r = simulate(s, Costs::uniform(2, 0.002, 0.001, 0.001));
+  const std::string text = to_chrome_trace(s, r.timeline);
+  nlohmann::json trace;
+  ASSERT_NO_THROW(trace = nlohmann::json::parse(text)) << text;
+  EXPECT_EQ(trace["otherData"]["schedule"].get<std::string>(), s.name);
+  std::multiset<std::string> names, want;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") names.insert(e["name"].get<std::string>());
+  }
+  for (const auto& t : r.timeline) want.insert(to_string(t.action));
+  EXPECT_EQ(names, want);
+  const std::string svg = to_svg(s, r.timeline);
+  EXPECT_TRUE(contains(svg, "odd &quot;name&quot; \\ with? a control &lt;char&gt;")) << svg;
 }
 
 TEST(ScheduleGrid, FingerprintSeparatesSchedules) {

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <string>
 
+#include "base/json.h"
 #include "tools/trace-tools/flight_analysis.h"
 #include "tools/trace-tools/trace_merge.h"
 #include "tools/trace-tools/trace_summary.h"
@@ -69,6 +70,9 @@ int main(int argc, char** argv) {
       const auto s = tandem::trace::summarize(tandem::trace::read_trace_file(timeline));
       std::fputs(tandem::trace::format_summary(s).c_str(), stdout);
     }
+  } catch (const tandem::JsonError& e) {  // base/json's bare sentence about a value in the file
+    std::fprintf(stderr, "tandem-trace: the file is not a timeline or dump it can read: %s.\n", e.what());
+    return 1;
   } catch (const tandem::Error& e) {
     std::fprintf(stderr, "%s\n", e.what());  // messages start with "tandem-trace:"
     return 1;

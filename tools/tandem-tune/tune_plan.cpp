@@ -95,16 +95,20 @@ std::optional<double> throughput(const std::string& metrics_file, int warmup_rec
   std::string line;
   for (int number = 1; std::getline(in, line); ++number) {
     if (line.empty()) continue;
+    auto refuse = [&](const std::string& why) {
+      return ConfigError("metrics file " + metrics_file + " line " + std::to_string(number) +
+                         " is not a tandem::ProgressLogger record (" + why +
+                         "); does the program write metrics.file with ProgressLogger?");
+    };
+    JsonValue record;
     try {
-      const JsonValue record = parse_json(line);
-      const JsonValue* rate = record.find("samples_per_s");
-      if (rate == nullptr || !rate->is_number()) throw CheckpointError("no number samples_per_s");
-      rates.push_back(rate->as_double("samples_per_s"));
-    } catch (const CheckpointError& e) {
-      throw ConfigError("metrics file " + metrics_file + " line " + std::to_string(number) +
-                        " is not a tandem::ProgressLogger record (" + e.what() +
-                        "); does the program write metrics.file with ProgressLogger?");
+      record = parse_json(line, JsonErrors::kPlain);
+    } catch (const JsonError& e) {
+      throw refuse(e.what());
     }
+    const JsonValue* rate = record.find("samples_per_s");
+    if (rate == nullptr || !rate->is_number()) throw refuse("no number samples_per_s");
+    rates.push_back(rate->as_double("samples_per_s"));
   }
   if (static_cast<int>(rates.size()) <= warmup_records) return std::nullopt;
   rates.erase(rates.begin(), rates.begin() + warmup_records);

@@ -19,7 +19,7 @@ struct WorkerError {
   long long timestamp = 0;
 };
 
-// Parses the text of an error file with the project's strict JSON reader (checkpoint/json.h).
+// Parses the text of an error file with the project's strict JSON reader (base/json.h).
 // Returns nullopt when it is not valid JSON or has no message.
 std::optional<WorkerError> parse_error_file(const std::string& text);
 

@@ -2,6 +2,7 @@
 #include "tools/tandemrun/metrics_server.h"
 
 #include <tandem/base/errors.h>
+#include <tandem/base/file_system.h>
 
 #include <httplib.h>
 
@@ -9,7 +10,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <sstream>
 
 namespace tandem::launcher {
@@ -43,11 +43,14 @@ std::string number(double v) {
   return buf;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
+// The worker's metrics file; "" while it does not exist yet (or cannot be read): that rank
+// contributes no series to this scrape.
+std::string read_metrics_file(const std::string& path) {
+  try {
+    return posix_file_system()->read_file(path);
+  } catch (const Error&) {
+    return "";
+  }
 }
 
 double now_s() {
@@ -164,7 +167,7 @@ std::string MetricsServer::scrape() const {
   }
   std::map<int, RankMetrics> ranks;
   for (const auto& s : sources) {
-    RankMetrics m = parse_rank_metrics(read_file(s.file));
+    RankMetrics m = parse_rank_metrics(read_metrics_file(s.file));
     if (!m.empty()) ranks[s.rank] = std::move(m);
   }
   return render_prometheus(ranks, restarts, static_cast<int>(sources.size()), now_s());

@@ -2,33 +2,22 @@
 #include "tools/trace-tools/flight_analysis.h"
 
 #include <tandem/base/errors.h>
+#include <tandem/base/file_system.h>
 
 #include "base/json.h"
 #include "base/strings.h"
 
-#include <dirent.h>
-
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 namespace tandem::trace {
 
 namespace {
 
-std::string read_all(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error("tandem-trace: cannot read " + path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 FlightDump parse_dump(const std::string& path) {
   try {
-    const JsonValue doc = parse_json(read_all(path));
+    const JsonValue doc = parse_json(posix_file_system()->read_file(path), JsonErrors::kPlain);
     if (doc.at("format", "format").as_string("format") != "tandem-flight-recorder") {
       throw Error("not a flight-recorder dump");
     }
@@ -93,16 +82,15 @@ std::string join_ranks(const std::vector<int>& ranks) {
 
 std::map<int, FlightDump> read_flight_dir(const std::string& dir) {
   std::map<int, FlightDump> dumps;
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) throw Error("tandem-trace: cannot open the directory " + dir);
+  const auto fs = posix_file_system();
+  if (!fs->is_directory(dir)) throw Error("tandem-trace: " + dir + " is not a directory.");
   std::vector<std::string> files;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
+  for (const std::string& name : fs->list_dir(dir)) {
     if (strings::starts_with(name, "flight_rank") && strings::ends_with(name, ".json")) files.push_back(name);
   }
-  ::closedir(d);
+  std::sort(files.begin(), files.end());
   for (const auto& f : files) {
-    FlightDump dump = parse_dump(dir + "/" + f);
+    FlightDump dump = parse_dump(join_path(dir, f));
     dumps[dump.rank] = std::move(dump);
   }
   if (dumps.empty()) {

@@ -1,21 +1,16 @@
-// Merging rank timelines (trace_merge.h).
+// Merging rank timelines (trace_merge.h); files through base's FileSystem, the merged timeline
+// through base's ChromeTraceWriter.
 #include "tools/trace-tools/trace_merge.h"
 
 #include <tandem/base/errors.h>
 #include <tandem/base/file_system.h>
 
-#include <dirent.h>
+#include "base/chrome_trace.h"
+#include "base/strings.h"
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
-#include <fstream>
 #include <limits>
-#include <sstream>
-
-#include "base/strings.h"
 
 namespace tandem::trace {
 
@@ -31,22 +26,11 @@ int rank_of_file_name(const std::string& name) {
   return static_cast<int>(*strings::parse_int(digits));
 }
 
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw Error("tandem-trace: cannot open '" + path + "' (" + std::strerror(errno) +
-                "); check the path.");
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 JsonValue parse(const std::string& text, const std::string& source) {
   JsonValue v;
   try {
-    v = parse_json(text);
-  } catch (const Error& e) {
+    v = parse_json(text, JsonErrors::kPlain);
+  } catch (const JsonError& e) {
     throw Error("tandem-trace: '" + source + "' is not valid JSON: " + e.what() +
                 ". A rank that died before trace::stop() leaves no file; a truncated file "
                 "cannot be merged: delete it and merge the others.");
@@ -72,6 +56,20 @@ double earliest_ts(const JsonValue& trace) {
   return t;
 }
 
+std::string read_text_file(const std::string& path) {
+  try {
+    return posix_file_system()->read_file(path);
+  } catch (const Error& e) {  // base's words: the operation, the path, the OS error
+    throw Error(std::string("tandem-trace: ") + e.what());
+  }
+}
+
+// A value built here raises its errors as a trace's (JsonError, for tandem-trace to word).
+JsonValue plain(JsonValue v) {
+  v.set_errors(JsonErrors::kPlain);
+  return v;
+}
+
 JsonValue shifted_ts(const JsonValue& ts, double origin) {
   if (ts.is_int() && origin == std::floor(origin)) {
     return JsonValue(ts.as_int("ts") - static_cast<int64_t>(origin));
@@ -82,28 +80,26 @@ JsonValue shifted_ts(const JsonValue& ts, double origin) {
 }  // namespace
 
 std::vector<RankTrace> read_rank_traces(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    throw Error("tandem-trace: cannot read the trace directory '" + dir + "' (" +
-                std::strerror(errno) + "); pass the directory the ranks wrote (trace.dir).");
+  const auto fs = posix_file_system();
+  if (!fs->is_directory(dir)) {
+    throw Error("tandem-trace: '" + dir + "' is not a directory; pass the directory the ranks "
+                "wrote (trace.dir).");
   }
   std::vector<RankTrace> out;
-  while (dirent* entry = ::readdir(d)) {
-    const std::string name = entry->d_name;
+  for (const std::string& name : fs->list_dir(dir)) {
     const int rank = rank_of_file_name(name);
     if (rank < 0) continue;
     RankTrace r;
     r.rank = rank;
-    r.source = dir + "/" + name;
+    r.source = join_path(dir, name);
     out.push_back(std::move(r));
   }
-  ::closedir(d);
   if (out.empty()) {
     throw Error("tandem-trace: no rank<R>.json files in '" + dir +
                 "'; run the workers with trace.enabled=true and trace.dir=" + dir + ".");
   }
   std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.rank < b.rank; });
-  for (auto& r : out) r.text = read_whole_file(r.source);
+  for (auto& r : out) r.text = read_text_file(r.source);
   return out;
 }
 
@@ -116,8 +112,8 @@ JsonValue merge_traces(const std::vector<RankTrace>& ranks) {
   }
   if (!std::isfinite(origin)) origin = 0;
   origin = std::floor(origin);
-  JsonValue events = JsonValue::array();
-  JsonValue rank_data = JsonValue::array();
+  JsonValue events = plain(JsonValue::array());
+  JsonValue rank_data = plain(JsonValue::array());
   for (size_t i = 0; i < ranks.size(); ++i) {
     const JsonValue& trace = parsed[i];
     for (const auto& e : trace.at("traceEvents", "traceEvents").as_array("traceEvents")) {
@@ -125,7 +121,7 @@ JsonValue merge_traces(const std::vector<RankTrace>& ranks) {
         throw Error("tandem-trace: '" + ranks[i].source + "': an entry of traceEvents is not an "
                     "object; the file is damaged.");
       }
-      JsonValue copy = JsonValue::object();
+      JsonValue copy = plain(JsonValue::object());
       copy.set("pid", JsonValue(ranks[i].rank));  // pid = rank, whatever the file said
       for (const auto& [key, value] : e.as_object("event")) {
         if (key == "pid") continue;
@@ -137,7 +133,7 @@ JsonValue merge_traces(const std::vector<RankTrace>& ranks) {
       }
       events.push_back(std::move(copy));
     }
-    JsonValue info = JsonValue::object();
+    JsonValue info = plain(JsonValue::object());
     info.set("rank", JsonValue(ranks[i].rank));
     info.set("file", JsonValue(ranks[i].source));
     if (const JsonValue* other = trace.find("otherData"); other != nullptr && other->is_object()) {
@@ -147,11 +143,11 @@ JsonValue merge_traces(const std::vector<RankTrace>& ranks) {
     }
     rank_data.push_back(std::move(info));
   }
-  JsonValue other = JsonValue::object();
+  JsonValue other = plain(JsonValue::object());
   other.set("tandem_trace_version", JsonValue(1));
   other.set("origin_us", JsonValue(static_cast<int64_t>(origin)));
   other.set("ranks", std::move(rank_data));
-  JsonValue out = JsonValue::object();
+  JsonValue out = plain(JsonValue::object());
   out.set("traceEvents", std::move(events));
   out.set("displayTimeUnit", JsonValue("ms"));
   out.set("otherData", std::move(other));
@@ -161,21 +157,25 @@ JsonValue merge_traces(const std::vector<RankTrace>& ranks) {
 void write_text_file(const std::string& path, const std::string& text) {
   try {
     posix_file_system()->write_file_atomically(path, text);
-  } catch (const CheckpointError& e) {
-    // The FileSystem words its errors for checkpoints; this is a timeline.
-    std::string what = e.what();
-    if (strings::starts_with(what, "tandem: checkpoint: ")) what.erase(0, 20);
-    throw Error("tandem-trace: cannot write '" + path + "': " + what +
-                " Check the directory exists and is writable.");
+  } catch (const Error& e) {  // base's words: the operation, the path, the OS error
+    throw Error(std::string("tandem-trace: ") + e.what());
   }
+}
+
+std::string trace_text(const JsonValue& trace) {
+  ChromeTraceWriter writer;
+  for (const auto& e : trace.at("traceEvents", "trace").as_array("traceEvents")) writer.event(e);
+  const JsonValue* other = trace.find("otherData");
+  writer.finish(other != nullptr ? *other : JsonValue::object());
+  return std::move(writer.text());
 }
 
 JsonValue merge_trace_dir(const std::string& dir, const std::string& out_path) {
   JsonValue merged = merge_traces(read_rank_traces(dir));
-  write_text_file(out_path, merged.dump() + "\n");
+  write_text_file(out_path, trace_text(merged));
   return merged;
 }
 
-JsonValue read_trace_file(const std::string& path) { return parse(read_whole_file(path), path); }
+JsonValue read_trace_file(const std::string& path) { return parse(read_text_file(path), path); }
 
 }  // namespace tandem::trace

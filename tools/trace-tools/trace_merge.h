@@ -6,7 +6,8 @@
 // starts at 0 and ranks line up on the wall clock. Metadata events (process and thread names) are
 // kept; each rank's "otherData" (recorded/dropped counts) is kept under otherData.ranks.
 //
-// Errors: tandem::Error naming the file and what is wrong (missing, not JSON, no traceEvents).
+// Errors: tandem::Error naming the file and what is wrong (missing, not JSON, no traceEvents);
+// reading and writing files: what base's FileSystem throws (the operation, the path, the OS error).
 // Thread-safety: pure functions.
 #pragma once
 
@@ -38,7 +39,11 @@ JsonValue merge_trace_dir(const std::string& dir, const std::string& out_path);
 JsonValue read_trace_file(const std::string& path);
 
 // Replaces `path` with `text` atomically (FileSystem::write_file_atomically: a temporary file,
-// fsync, rename). Throws Error naming the path.
+// fsync, rename). Throws what FileSystem throws (an Error naming the operation and the path).
 void write_text_file(const std::string& path, const std::string& text);
+
+// A timeline value (merged or a rank's) as Chrome-trace text (base/chrome_trace.h): one event per
+// line.
+std::string trace_text(const JsonValue& trace);
 
 }  // namespace tandem::trace

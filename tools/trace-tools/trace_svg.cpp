@@ -1,9 +1,10 @@
-// tandem-trace svg (trace_svg.h): lanes per rank and thread, spans coloured by category.
+// tandem-trace svg (trace_svg.h): lanes per rank and thread, spans coloured by category, drawn
+// through base's SvgWriter.
 #include "tools/trace-tools/trace_svg.h"
 
 #include <tandem/base/errors.h>
 
-#include "base/strings.h"
+#include "base/svg_writer.h"
 
 #include <algorithm>
 #include <cmath>
@@ -138,81 +139,90 @@ std::string timeline_svg(const JsonValue& trace, const SvgOptions& options) {
   const double width = std::max(200, options.width);
   const double px_per_us = width / (to_us - from_us);
 
-  std::ostringstream body;
+  // Layout first (where each rank band and lane goes, which spans are wide enough), so that the
+  // caption can count them and the axis reach the bottom; then draw in painting order.
+  struct Placed {
+    const Lane* lane;
+    double top;
+    int64_t pid;
+    double band_y;  // >= 0: the lane opens its rank's band, whose label goes there
+  };
+  std::vector<Placed> placed;
   double y = 56;
   int64_t drawn = 0, too_narrow = 0;
-  int64_t band_pid = -1;
+  auto visible = [&](const Span& s, double* x0, double* w) {
+    *x0 = std::max(s.start_us, from_us);
+    const double x1 = std::min(s.start_us + s.dur_us, to_us);
+    *w = (x1 - *x0) * px_per_us;
+    return x1 > *x0;
+  };
   for (auto& [key, lane] : lanes) {
     const auto [pid, async, tid] = key;
-    if (pid != band_pid) {
-      band_pid = pid;
-      body << "<text x=\"4\" y=\"" << y + 12 << "\" class=\"rank\">rank " << pid << "</text>\n";
+    double band_y = -1;
+    if (placed.empty() || placed.back().pid != pid) {
+      band_y = y;
       y += 18;
     }
     lane.label = async ? "async (bucket reduces)"
                        : (thread_names.count({pid, tid}) ? thread_names[{pid, tid}]
                                                          : "thread " + std::to_string(tid));
     assign_depths(lane);
-    const double height = lane.depth_count * kRowHeight;
-    body << "<rect x=\"" << kLabelWidth << "\" y=\"" << y << "\" width=\"" << width
-         << "\" height=\"" << height << "\" class=\"lane\"/>\n"
-         << "<text x=\"12\" y=\"" << y + 11 << "\" class=\"label\">" << strings::xml_escape(lane.label)
-         << "</text>\n";
+    placed.push_back({&lane, y, pid, band_y});
     for (const auto& s : lane.spans) {
-      const double x0 = std::max(s.start_us, from_us), x1 = std::min(s.start_us + s.dur_us, to_us);
-      if (x1 <= x0) continue;
-      const double w = (x1 - x0) * px_per_us;
-      if (w < kMinWidthPx) {
-        ++too_narrow;
-        continue;
-      }
-      ++drawn;
-      const bool outline = s.category == "pipeline";
-      body << "<rect x=\"" << kLabelWidth + (x0 - from_us) * px_per_us << "\" y=\""
-           << y + s.depth * kRowHeight + 1 << "\" width=\"" << w << "\" height=\""
-           << kRowHeight - 2 << "\" fill=\"" << (outline ? "none" : colour(s.category))
-           << "\"" << (outline ? " stroke=\"#edc948\"" : "") << "><title>"
-           << strings::xml_escape(s.tooltip) << "</title></rect>\n";
-      if (w > 7.0 * static_cast<double>(s.name.size()))
-        body << "<text x=\"" << kLabelWidth + (x0 - from_us) * px_per_us + 2 << "\" y=\""
-             << y + s.depth * kRowHeight + 10 << "\" class=\"span\">" << strings::xml_escape(s.name)
-             << "</text>\n";
+      double x0 = 0, w = 0;
+      if (!visible(s, &x0, &w)) continue;
+      ++(w < kMinWidthPx ? too_narrow : drawn);
     }
-    y += height + 4;
+    y += lane.depth_count * kRowHeight + 4;
   }
 
+  SvgWriter svg;
+  svg.text(4, 15,
+           "tandem timeline: " + ms(to_us - from_us) + " shown, " + std::to_string(drawn) +
+               " spans drawn" +
+               (too_narrow ? ", " + std::to_string(too_narrow) +
+                                 " narrower than a third of a pixel left out (zoom with "
+                                 "--from-ms/--to-ms)"
+                           : std::string()),
+           "font-size=\"14\"");
+  double lx = kLabelWidth;
+  for (const char* c : {"compute", "comm", "codec", "wait", "checkpoint", "pipeline"}) {
+    svg.rect(lx, 22, 10, 10, std::string("fill=\"") + colour(c) + "\"");
+    svg.text(lx + 14, 31, c, "class=\"axis\"");
+    lx += 90;
+  }
   // Axis: ticks every "nice" number of milliseconds.
-  std::ostringstream axis;
   const double step_ms = nice_step((to_us - from_us) / 1000);
   for (double t = std::ceil(options.from_ms / step_ms) * step_ms; first_us + t * 1000 <= to_us;
        t += step_ms) {
     const double x = kLabelWidth + (first_us + t * 1000 - from_us) * px_per_us;
-    axis << "<line x1=\"" << x << "\" y1=\"40\" x2=\"" << x << "\" y2=\"" << y
-         << "\" class=\"tick\"/><text x=\"" << x + 2 << "\" y=\"50\" class=\"axis\">" << t
-         << " ms</text>\n";
+    std::ostringstream label;
+    label << t << " ms";
+    svg.line(x, 40, x, y, "class=\"tick\"");
+    svg.text(x + 2, 50, label.str(), "class=\"axis\"");
   }
-  std::ostringstream legend;
-  double lx = kLabelWidth;
-  for (const char* c : {"compute", "comm", "codec", "wait", "checkpoint", "pipeline"}) {
-    legend << "<rect x=\"" << lx << "\" y=\"22\" width=\"10\" height=\"10\" fill=\"" << colour(c)
-           << "\"/><text x=\"" << lx + 14 << "\" y=\"31\" class=\"axis\">" << c << "</text>\n";
-    lx += 90;
+  for (const auto& [lane, top, pid, band_y] : placed) {
+    if (band_y >= 0) svg.text(4, band_y + 12, "rank " + std::to_string(pid), "class=\"rank\"");
+    svg.rect(kLabelWidth, top, width, lane->depth_count * kRowHeight, "class=\"lane\"");
+    svg.text(12, top + 11, lane->label, "class=\"label\"");
+    for (const auto& s : lane->spans) {
+      double x0 = 0, w = 0;
+      if (!visible(s, &x0, &w) || w < kMinWidthPx) continue;
+      const bool outline = s.category == "pipeline";
+      const double x = kLabelWidth + (x0 - from_us) * px_per_us;
+      svg.rect(x, top + s.depth * kRowHeight + 1, w, kRowHeight - 2,
+               outline ? std::string("fill=\"none\" stroke=\"#edc948\"")
+                       : std::string("fill=\"") + colour(s.category) + "\"",
+               s.tooltip);
+      if (w > 7.0 * static_cast<double>(s.name.size()))
+        svg.text(x + 2, top + s.depth * kRowHeight + 10, s.name, "class=\"span\"");
+    }
   }
-
-  std::ostringstream svg;
-  const double total_width = kLabelWidth + width + 40;  // room for the last tick label
-  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << total_width << "\" height=\""
-      << y + 24 << "\" font-family=\"sans-serif\">\n"
-      << "<style>.lane{fill:#f7f7f7}.label{font-size:11px;fill:#333}.rank{font-size:13px;"
-         "font-weight:bold}.axis{font-size:10px;fill:#555}.span{font-size:9px;fill:#fff;"
-         "pointer-events:none}.tick{stroke:#ddd}</style>\n"
-      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
-      << "<text x=\"4\" y=\"15\" font-size=\"14\">tandem timeline: " << ms(to_us - from_us)
-      << " shown, " << drawn << " spans drawn"
-      << (too_narrow ? ", " + std::to_string(too_narrow) + " narrower than a third of a pixel left out (zoom with --from-ms/--to-ms)" : std::string())
-      << "</text>\n"
-      << legend.str() << axis.str() << body.str() << "</svg>\n";
-  return svg.str();
+  return svg.finish(kLabelWidth + width + 40,  // room for the last tick label
+                    y + 24, {},
+                    ".lane{fill:#f7f7f7}.label{font-size:11px;fill:#333}.rank{font-size:13px;"
+                    "font-weight:bold}.axis{font-size:10px;fill:#555}.span{font-size:9px;fill:#fff;"
+                    "pointer-events:none}.tick{stroke:#ddd}");
 }
 
 }  // namespace tandem::trace
