@@ -1,27 +1,35 @@
-// NCCL communicator. Compiled whenever CUDA + NCCL are found; exercised only on GPU machines
-// (tests labelled `gpu`).
+// NCCL communicator (include/tandem/collectives/nccl_communicator.h). Compiled whenever CUDA and
+// NCCL are found; exercised only on GPU machines (tests labelled `gpu`). Streams as in c10d's
+// ProcessGroupNCCL: an op's NCCL stream waits for the caller's current stream by an event, every
+// tensor it touches is recordStream'd on the NCCL stream and kept by the op until its end event,
+// Work::wait() makes the caller's stream wait (nccl_op.h), and a watchdog thread finds timeouts
+// and NCCL's async errors (nccl_watchdog.h).
 #include <tandem/collectives/nccl_communicator.h>
 
+#include <tandem/base/errors.h>
 #include <tandem/collectives/flight_recorder.h>
 
 #include "collectives/async_work.h"
+#include "collectives/nccl/nccl_op.h"
+#include "collectives/nccl/nccl_types.h"
+#include "collectives/nccl/nccl_watchdog.h"
+#include "collectives/nccl/nccl_work.h"
 #include "collectives/tensor_checks.h"
-
-#include <tandem/base/errors.h>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include <cuda_runtime.h>
-#include <nccl.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 
-#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
-#include <thread>
 
 namespace tandem {
 
-using detail::AsyncWork;
+using detail::check_cuda;
+using detail::check_nccl;
 using detail::check_peer;
 using detail::check_reduce_op;
 using detail::check_scaled_numel;
@@ -30,89 +38,51 @@ using detail::dtype_name;
 using detail::dump_flight_recorder;
 using detail::format_elapsed;
 using detail::format_ranks;
+using detail::nccl_reduce_op;
+using detail::nccl_type;
+using detail::NcclOp;
+using detail::NcclWork;
 using detail::OpDescription;
-using detail::record_op;
 using detail::tensor_summary;
 
 namespace {
 
-void check_cuda(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) {
-    throw CommError(std::string("tandem: ") + what + " failed: " + cudaGetErrorString(err));
-  }
+std::string seconds(std::chrono::milliseconds d) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f s", static_cast<double>(d.count()) / 1000.0);
+  return buf;
 }
 
-void check_nccl(ncclResult_t res, const std::string& what) {
-  if (res != ncclSuccess && res != ncclInProgress) {
-    throw CommError("tandem: " + what + " failed: " + ncclGetErrorString(res) +
-                    ". A peer rank probably died or the CUDA context is broken.");
-  }
-}
-
-ncclDataType_t nccl_type(const at::Tensor& t, const char* op) {
-  switch (t.scalar_type()) {
-    case at::kFloat: return ncclFloat32;
-    case at::kDouble: return ncclFloat64;
-    case at::kHalf: return ncclFloat16;
-    case at::kBFloat16: return ncclBfloat16;
-    case at::kChar: return ncclInt8;
-    case at::kByte: return ncclUint8;
-    case at::kInt: return ncclInt32;
-    case at::kLong: return ncclInt64;
-    default:
-      throw CommError(std::string("tandem: ") + op + ": NCCL does not support dtype " +
-                      dtype_name(t.scalar_type()) + "; cast to int32 or a float type.");
-  }
-}
-
-ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum: return ncclSum;
-    case ReduceOp::kAvg: return ncclAvg;
-    case ReduceOp::kMin: return ncclMin;
-    case ReduceOp::kMax: return ncclMax;
-    case ReduceOp::kProduct: return ncclProd;
-  }
-  return ncclSum;
-}
+// An enqueue hung inside NCCL (connecting to a dead peer) holds the issue lock; the abort, which
+// is what unblocks it, waits this long for the lock and then goes ahead.
+constexpr std::chrono::seconds kAbortLockWait{2};
 
 }  // namespace
 
-class NcclCommunicator;
-
-// Completion = a CUDA event recorded after the op on the communicator's stream.
-class NcclWork : public Work {
- public:
-  NcclWork(std::shared_ptr<NcclCommunicator> comm, OpDescription d, cudaEvent_t event,
-           at::Tensor keep_alive, std::function<void()> on_success);
-  ~NcclWork() override { cudaEventDestroy(event_); }
-  void wait(std::chrono::milliseconds timeout) override;
-  bool is_completed() override { return done_ || cudaEventQuery(event_) != cudaErrorNotReady; }
-  std::string describe() const override { return description_.str(); }
-
- private:
-  std::shared_ptr<NcclCommunicator> comm_;
-  OpDescription description_;
-  cudaEvent_t event_;
-  at::Tensor keep_alive_;
-  std::function<void()> on_success_;
-  AsyncWork::Clock::time_point issued_at_ = AsyncWork::Clock::now();
-  uint64_t flight_id_ = record_op(description_);
-  bool done_ = false;
-};
-
 class NcclCommunicator : public Communicator,
+                         public detail::NcclWatchdogOwner,
                          public std::enable_shared_from_this<NcclCommunicator> {
  public:
   NcclCommunicator(ncclComm_t comm, int rank, std::vector<int> world_ranks, NcclOptions options)
-      : comm_(comm), rank_(rank), world_ranks_(std::move(world_ranks)), options_(options) {
-    check_cuda(cudaSetDevice(options_.device), "cudaSetDevice");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      : comm_(comm),
+        rank_(rank),
+        world_ranks_(std::move(world_ranks)),
+        options_(options),
+        device_(static_cast<c10::DeviceIndex>(options_.device)),
+        // A pool stream, as c10d's: it outlives the communicator, so a tensor recordStream'd on it
+        // may be freed after the communicator is gone.
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_)) {
+    c10::cuda::CUDAGuard guard(device_);  // events belong to the device current at creation
+    ready_ = std::make_unique<detail::CudaEvent>();
+    watchdog_ = std::make_unique<detail::NcclWatchdog>(*this, options_.device, options_.timeout);
   }
+
   ~NcclCommunicator() override {
+    watchdog_->wait_idle();  // each op ends, or times out and the watchdog aborts NCCL
+    watchdog_->stop();       // joined: nothing calls NCCL from its thread any more
+    std::lock_guard<std::mutex> lock(nccl_mutex_);
     if (!aborted_) ncclCommDestroy(comm_);
     if (barrier_ptr_ != nullptr) cudaFree(barrier_ptr_);
-    cudaStreamDestroy(stream_);
   }
 
   int rank() const override { return rank_; }
@@ -125,10 +95,11 @@ class NcclCommunicator : public Communicator,
     check(t, "allreduce", "tensor");
     check_reduce_op(t, op, "allreduce");
     at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-    return launch("allreduce", std::string(to_string(op)) + ", " + tensor_summary(t), buf,
+    return launch("allreduce", std::string(to_string(op)) + ", " + tensor_summary(t), {t, buf},
                   [&] {
                     return ncclAllReduce(buf.data_ptr(), buf.data_ptr(), buf.numel(),
-                                         nccl_type(buf, "allreduce"), nccl_op(op), comm_, stream_);
+                                         nccl_type(buf, "allreduce"), nccl_reduce_op(op), comm_,
+                                         stream_.stream());
                   },
                   copy_back_fn(t, buf));
   }
@@ -137,10 +108,11 @@ class NcclCommunicator : public Communicator,
     check(t, "broadcast", "tensor");
     check_peer(root, size(), "broadcast", "root");
     at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-    return launch("broadcast", "root " + std::to_string(root) + ", " + tensor_summary(t), buf,
+    return launch("broadcast", "root " + std::to_string(root) + ", " + tensor_summary(t), {t, buf},
                   [&] {
                     return ncclBroadcast(buf.data_ptr(), buf.data_ptr(), buf.numel(),
-                                         nccl_type(buf, "broadcast"), root, comm_, stream_);
+                                         nccl_type(buf, "broadcast"), root, comm_,
+                                         stream_.stream());
                   },
                   copy_back_fn(t, buf));
   }
@@ -150,13 +122,13 @@ class NcclCommunicator : public Communicator,
     check(in, "allgather", "input");
     check_scaled_numel(out, "output", in, "input", size(), "allgather");
     at::Tensor i = in.contiguous();
-    at::Tensor o = out.is_contiguous() ? out : out.contiguous();
-    return launch("allgather", tensor_summary(in) + " per rank", o,
+    at::Tensor o = contiguous_output(out);
+    return launch("allgather", tensor_summary(in) + " per rank", {out, o, in, i},
                   [&] {
                     return ncclAllGather(i.data_ptr(), o.data_ptr(), i.numel(),
-                                         nccl_type(i, "allgather"), comm_, stream_);
+                                         nccl_type(i, "allgather"), comm_, stream_.stream());
                   },
-                  copy_back_fn(out, o), i);
+                  copy_back_fn(out, o));
   }
 
   WorkPtr reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
@@ -165,39 +137,48 @@ class NcclCommunicator : public Communicator,
     check_scaled_numel(in, "input", out, "output", size(), "reduce_scatter");
     check_reduce_op(in, op, "reduce_scatter");
     at::Tensor i = in.contiguous();
-    at::Tensor o = out.is_contiguous() ? out : out.contiguous();
-    return launch("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(in), o,
+    at::Tensor o = contiguous_output(out);
+    return launch("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(in),
+                  {out, o, in, i},
                   [&] {
                     return ncclReduceScatter(i.data_ptr(), o.data_ptr(), o.numel(),
-                                             nccl_type(i, "reduce_scatter"), nccl_op(op), comm_,
-                                             stream_);
+                                             nccl_type(i, "reduce_scatter"), nccl_reduce_op(op), comm_,
+                                             stream_.stream());
                   },
-                  copy_back_fn(out, o), i);
+                  copy_back_fn(out, o));
   }
 
   WorkPtr send(const at::Tensor& t, int dst, uint32_t tag) override {
     check_p2p(t, dst, tag, "send");
     at::Tensor buf = t.contiguous();
-    return launch("send", tensor_summary(t) + ", to " + std::to_string(dst), buf, [&] {
-      return ncclSend(buf.data_ptr(), buf.numel(), nccl_type(buf, "send"), dst, comm_, stream_);
+    return launch("send", tensor_summary(t) + ", to " + std::to_string(dst), {t, buf}, [&] {
+      return ncclSend(buf.data_ptr(), buf.numel(), nccl_type(buf, "send"), dst, comm_,
+                      stream_.stream());
     });
   }
 
   WorkPtr recv(const at::Tensor& t, int src, uint32_t tag) override {
     check_p2p(t, src, tag, "recv");
-    at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
-    return launch("recv", tensor_summary(t) + ", from " + std::to_string(src), buf,
+    at::Tensor buf = contiguous_output(t);
+    return launch("recv", tensor_summary(t) + ", from " + std::to_string(src), {t, buf},
                   [&] {
                     return ncclRecv(buf.data_ptr(), buf.numel(), nccl_type(buf, "recv"), src,
-                                    comm_, stream_);
+                                    comm_, stream_.stream());
                   },
                   copy_back_fn(t, buf));
   }
 
   WorkPtr barrier() override {
-    if (barrier_ptr_ == nullptr) check_cuda(cudaMalloc(&barrier_ptr_, sizeof(float)), "cudaMalloc");
-    return launch("barrier", "", at::Tensor(), [&] {
-      return ncclAllReduce(barrier_ptr_, barrier_ptr_, 1, ncclFloat32, ncclSum, comm_, stream_);
+    {
+      c10::cuda::CUDAGuard guard(device_);
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (barrier_ptr_ == nullptr) {
+        check_cuda(cudaMalloc(&barrier_ptr_, sizeof(float)), "cudaMalloc");
+      }
+    }
+    return launch("barrier", "", {}, [&] {
+      return ncclAllReduce(barrier_ptr_, barrier_ptr_, 1, ncclFloat32, ncclSum, comm_,
+                           stream_.stream());
     });
   }
 
@@ -221,73 +202,190 @@ class NcclCommunicator : public Communicator,
   }
 
   void abort(const std::string& reason) override {
-    mark_broken("aborted: " + reason);
-    bool expected = false;
-    if (aborted_.compare_exchange_strong(expected, true)) ncclCommAbort(comm_);
+    FlightRecorder::instance().dump("abort");
+    fail(nullptr, nullptr, "aborted: " + reason, false);
   }
 
-  void mark_broken(const std::string& reason) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (broken_reason_.empty()) broken_reason_ = reason;
+  // ---- detail::NcclWatchdogOwner (the watchdog thread; op_timed_out also a waiting thread) ----
+
+  void op_timed_out(const std::shared_ptr<NcclOp>& op, std::chrono::milliseconds timeout) override {
+    if (op->poll() != NcclOp::Status::kPending) return;  // it ended meanwhile
+    const std::string msg =
+        "tandem: " + op->description().str() + " did not complete within " + seconds(timeout) +
+        " on rank " + std::to_string(world_ranks_[rank_]) + " (nccl, cuda:" +
+        std::to_string(options_.device) + "; issued " + format_elapsed(op->issued_at()) +
+        " ago). A peer rank is hung or dead, or the ranks issued collectives in different "
+        "orders. The NCCL communicator was aborted and is now unusable; restart the group. If "
+        "the op is only slow, raise the timeout: --set comm.timeout_s=<seconds> "
+        "(NcclOptions::timeout with connect_nccl)." +
+        dump_flight_recorder("timeout");
+    fail(op, std::make_exception_ptr(TimeoutError(msg)), msg, false);
   }
 
-  ncclComm_t comm() const { return comm_; }
+  void op_failed(const std::shared_ptr<NcclOp>& op) override {
+    if (broken()) return;  // failed by the communicator's own failure
+    std::string what = "a CUDA error";
+    try {
+      if (auto error = op->error()) std::rethrow_exception(error);
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    fail(nullptr, nullptr, what, false);
+  }
+
+  ncclResult_t async_error_state() override {
+    std::lock_guard<std::mutex> lock(nccl_mutex_);
+    ncclResult_t state = ncclSuccess;
+    if (aborted_ || ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return ncclSuccess;
+    return state;
+  }
+
+  void async_error(ncclResult_t error, const std::shared_ptr<NcclOp>& oldest) override {
+    const std::string what =
+        oldest ? oldest->description().str() + " failed after " + format_elapsed(oldest->issued_at())
+               : "the NCCL communicator on ranks " + format_ranks(world_ranks_) + " failed";
+    const std::string msg = "tandem: " + what + " on rank " + std::to_string(world_ranks_[rank_]) +
+                            ": NCCL reports " + ncclGetErrorString(error) +
+                            " (ncclCommGetAsyncError). A peer rank probably died; see its log. "
+                            "The communicator is now unusable." +
+                            dump_flight_recorder("failure");
+    fail(oldest, std::make_exception_ptr(PeerLostError(msg)), msg, true);
+  }
 
  private:
   void check(const at::Tensor& t, const char* op, const char* arg) {
     check_tensor(t, op, arg, c10::DeviceType::CUDA, "nccl");
     nccl_type(t, op);
+    if (t.device().index() != options_.device) {
+      throw CommError(std::string("tandem: ") + op + ": argument '" + arg + "' is on " +
+                      t.device().str() + " but this NCCL communicator runs on cuda:" +
+                      std::to_string(options_.device) +
+                      " (NcclOptions::device; tandem::init uses LOCAL_RANK % device count); "
+                      "move the tensor to that device.");
+    }
   }
 
   void check_p2p(const at::Tensor& t, int peer, uint32_t tag, const char* op) {
     check(t, op, "tensor");
-    check_peer(peer, size(), op, "peer");
     if (tag != 0) {
-      throw CommError(std::string("tandem: ") + op +
-                      ": NCCL has no message tags; pass tag 0 and post ops in matching order.");
+      throw CommError(std::string("tandem: ") + op + ": tag " + std::to_string(tag) +
+                      ", but NCCL has no message tags; pass tag 0 and post ops in matching order.");
     }
+    check_peer(peer, size(), op, "peer");
   }
 
+  // The caller's tensor when it is contiguous, else a buffer the op writes and copies back.
+  static at::Tensor contiguous_output(const at::Tensor& t) {
+    return t.is_contiguous() ? t : at::empty(t.sizes(), t.options());
+  }
+
+  // Runs on the NCCL stream after the op (launch() makes it current), before the end event.
   static std::function<void()> copy_back_fn(const at::Tensor& target, const at::Tensor& buf) {
     if (buf.is_same(target)) return {};
-    return [target, buf] { target.copy_(buf); };
+    return [target, buf] {
+      at::NoGradGuard no_grad;  // a communication buffer, not part of the graph
+      target.copy_(buf);
+    };
   }
 
-  template <class Launch>
-  WorkPtr launch(const char* name, std::string detail, const at::Tensor& keep, Launch&& call,
-                 std::function<void()> on_success = {}, const at::Tensor& keep2 = {}) {
+  bool broken() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return !broken_reason_.empty();
+  }
+
+  void mark_broken(const std::string& reason, bool lost) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!broken_reason_.empty()) return;
+    broken_reason_ = reason;
+    broken_by_lost_peer_ = lost;
+  }
+
+  void throw_if_broken(const std::string& what) {  // under mutex_
+    if (broken_reason_.empty()) return;
+    const std::string msg = "tandem: " + what +
+                            " refused: the communicator is unusable after an earlier failure: " +
+                            broken_reason_;
+    if (broken_by_lost_peer_) throw PeerLostError(msg);
+    throw CommError(msg);
+  }
+
+  // Every failure ends here. The first reason breaks the communicator; `first` (if any) fails with
+  // `error`, every other pending op with an error naming the reason; then NCCL is aborted, which
+  // makes kernels waiting for a peer return. Never throws.
+  void fail(const std::shared_ptr<NcclOp>& first, std::exception_ptr error,
+            const std::string& reason, bool lost) {
+    mark_broken(reason, lost);  // no op is issued after this
+    if (first) first->fail(error);
+    // An op being issued now is in the list once its launch() lets go of the issue lock.
+    std::unique_lock<std::timed_mutex> issue(issue_mutex_, std::defer_lock);
+    (void)issue.try_lock_for(kAbortLockWait);
+    for (const auto& op : watchdog_->ops()) {
+      if (op == first || !op->pending()) continue;
+      const std::string msg = "tandem: " + op->description().str() +
+                              " did not complete: the NCCL communicator was aborted: " + reason;
+      op->fail(lost ? std::make_exception_ptr(PeerLostError(msg))
+                    : std::make_exception_ptr(CommError(msg)));
+    }
+    std::lock_guard<std::mutex> lock(nccl_mutex_);
+    if (aborted_) return;
+    aborted_ = true;
+    ncclCommAbort(comm_);
+  }
+
+  // Issues one op: the NCCL stream waits for the caller's current stream, `call` enqueues the
+  // NCCL op, `copy_back` (if any) runs on the NCCL stream, then the end event. `tensors` are
+  // recordStream'd on the NCCL stream and kept by the op until its end event.
+  template <class Call>
+  WorkPtr launch(const char* name, std::string detail, std::vector<at::Tensor> tensors, Call&& call,
+                 std::function<void()> copy_back = {}) {
     OpDescription d;
     d.name = name;
     d.detail = std::move(detail);
     d.ranks = format_ranks(world_ranks_);
     d.backend = "nccl";
     d.p2p = std::strcmp(name, "send") == 0 || std::strcmp(name, "recv") == 0;
+    std::lock_guard<std::timed_mutex> issue(issue_mutex_);  // issue order = number = stream order
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      d.seq = next_seq_++;
-      if (!broken_reason_.empty()) {
-        throw CommError("tandem: " + d.str() +
-                        " refused: the communicator is unusable after an earlier failure: " +
-                        broken_reason_);
-      }
+      d.seq = d.p2p ? next_p2p_seq_++ : next_seq_++;
+      throw_if_broken(d.str());
     }
-    std::lock_guard<std::mutex> issue(issue_mutex_);  // issue order = stream order
-    check_cuda(cudaSetDevice(options_.device), "cudaSetDevice");
-    cudaEvent_t ready, done;
-    check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(ready, static_cast<cudaStream_t>(options_.input_stream)),
-               "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
-    cudaEventDestroy(ready);
-    check_nccl(call(), d.str());
-    check_cuda(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
-    check_cuda(cudaEventRecord(done, stream_), "cudaEventRecord");
-    at::Tensor keep_alive = keep2.defined() ? keep2 : keep;
-    return std::make_shared<NcclWork>(shared_from_this(), std::move(d), done, keep_alive,
-                                      std::move(on_success));
+    c10::cuda::CUDAGuard guard(device_);
+    // The producer: whatever the caller queued so far on its current stream, the contiguous copies
+    // made above included.
+    const cudaStream_t producer = c10::cuda::getCurrentCUDAStream(device_).stream();
+    check_cuda(cudaEventRecord(ready_->get(), producer), "cudaEventRecord");
+    check_cuda(cudaStreamWaitEvent(stream_.stream(), ready_->get(), 0), "cudaStreamWaitEvent");
+    auto op = std::make_shared<NcclOp>(std::move(d), options_.device);
+    try {
+      check_cuda(cudaEventRecord(op->start_event(), stream_.stream()), "cudaEventRecord");
+      check_nccl(call(), op->description().str());
+      if (copy_back) {
+        c10::cuda::CUDAStreamGuard on_nccl_stream(stream_);
+        copy_back();
+      }
+      check_cuda(cudaEventRecord(op->end_event(), stream_.stream()), "cudaEventRecord");
+      for (const auto& t : tensors) {
+        if (t.defined() && t.storage().data() != nullptr) {
+          c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), stream_);
+        }
+      }
+    } catch (...) {
+      op->fail(std::current_exception());  // ends its flight-recorder entry
+      throw;
+    }
+    op->keep(std::move(tensors));
+    watchdog_->add(op);
+    return std::make_shared<NcclWork>(std::move(op), shared_from_this());
   }
 
   std::shared_ptr<Communicator> split_impl(int color, int key, const std::vector<int>& ranks) {
+    std::lock_guard<std::timed_mutex> issue(issue_mutex_);  // ncclCommSplit is a collective
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      throw_if_broken(ranks.empty() ? "split" : "new_group " + format_ranks(ranks));
+    }
+    c10::cuda::CUDAGuard guard(device_);
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     ncclComm_t child = nullptr;
     check_nccl(ncclCommSplit(comm_, color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &child, &config),
@@ -296,7 +394,7 @@ class NcclCommunicator : public Communicator,
     int child_rank = 0, child_size = 0;
     check_nccl(ncclCommUserRank(child, &child_rank), "ncclCommUserRank");
     check_nccl(ncclCommCount(child, &child_size), "ncclCommCount");
-    // World ranks of the members: exchanged through an allgather on the child.
+    // World ranks of the members: exchanged through an allgather on the child, read on the host.
     std::vector<int> world(child_size, -1);
     if (!ranks.empty()) {
       for (size_t i = 0; i < ranks.size(); ++i) world[i] = world_ranks_[ranks[i]];
@@ -306,9 +404,9 @@ class NcclCommunicator : public Communicator,
       const int mine = world_ranks_[rank_];
       check_cuda(cudaMemcpy(dev + child_size, &mine, sizeof(int), cudaMemcpyHostToDevice),
                  "cudaMemcpy");
-      check_nccl(ncclAllGather(dev + child_size, dev, 1, ncclInt32, child, stream_),
+      check_nccl(ncclAllGather(dev + child_size, dev, 1, ncclInt32, child, stream_.stream()),
                  "ncclAllGather");
-      check_cuda(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+      check_cuda(cudaStreamSynchronize(stream_.stream()), "cudaStreamSynchronize");
       check_cuda(cudaMemcpy(world.data(), dev, sizeof(int) * child_size, cudaMemcpyDeviceToHost),
                  "cudaMemcpy");
       cudaFree(dev);
@@ -316,63 +414,24 @@ class NcclCommunicator : public Communicator,
     return std::make_shared<NcclCommunicator>(child, child_rank, std::move(world), options_);
   }
 
-  ncclComm_t comm_;
+  const ncclComm_t comm_;
   const int rank_;
   const std::vector<int> world_ranks_;
   const NcclOptions options_;
-  cudaStream_t stream_ = nullptr;
-  std::mutex mutex_;
-  std::mutex issue_mutex_;
+  const c10::DeviceIndex device_;
+  const c10::cuda::CUDAStream stream_;  // the NCCL stream
+  std::unique_ptr<detail::CudaEvent> ready_;  // the producer's point, re-recorded per op
+  std::mutex mutex_;                          // seq numbers, broken state, barrier buffer
+  std::timed_mutex issue_mutex_;              // one thread issues to NCCL at a time
+  std::mutex nccl_mutex_;                     // aborted_ and NCCL calls from the watchdog
   uint64_t next_seq_ = 0;
+  uint64_t next_p2p_seq_ = 0;
   std::string broken_reason_;
-  std::atomic<bool> aborted_{false};
+  bool broken_by_lost_peer_ = false;
+  bool aborted_ = false;
   void* barrier_ptr_ = nullptr;  // one float all-reduced by barrier()
+  std::unique_ptr<detail::NcclWatchdog> watchdog_;  // stopped first in the destructor
 };
-
-NcclWork::NcclWork(std::shared_ptr<NcclCommunicator> comm, OpDescription d, cudaEvent_t event,
-                   at::Tensor keep_alive, std::function<void()> on_success)
-    : comm_(std::move(comm)),
-      description_(std::move(d)),
-      event_(event),
-      keep_alive_(std::move(keep_alive)),
-      on_success_(std::move(on_success)) {}
-
-void NcclWork::wait(std::chrono::milliseconds timeout) {
-  if (done_) return;
-  if (timeout == kDefaultTimeout) timeout = comm_->timeout();
-  const auto deadline = AsyncWork::Clock::now() + timeout;
-  for (;;) {
-    const cudaError_t state = cudaEventQuery(event_);
-    if (state == cudaSuccess) break;
-    if (state != cudaErrorNotReady) check_cuda(state, "cudaEventQuery");
-    ncclResult_t async_error = ncclSuccess;
-    ncclCommGetAsyncError(comm_->comm(), &async_error);
-    if (async_error != ncclSuccess && async_error != ncclInProgress) {
-      const std::string msg = "tandem: " + description_.str() + " failed after " +
-                              format_elapsed(issued_at_) + ": " +
-                              ncclGetErrorString(async_error) +
-                              ". A peer rank probably died. The communicator is now unusable." +
-                              dump_flight_recorder("failure");
-      FlightRecorder::instance().ended(flight_id_, msg);
-      comm_->abort(msg);
-      throw PeerLostError(msg);
-    }
-    if (AsyncWork::Clock::now() > deadline) {
-      const std::string msg = "tandem: " + description_.str() + " did not complete within " +
-                              std::to_string(timeout.count()) + " ms (issued " +
-                              format_elapsed(issued_at_) +
-                              " ago). A peer rank is hung or dead; the NCCL communicator was "
-                              "aborted and is now unusable." + dump_flight_recorder("timeout");
-      FlightRecorder::instance().ended(flight_id_, msg);
-      comm_->abort(msg);
-      throw TimeoutError(msg);
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(50));
-  }
-  if (on_success_) on_success_();
-  FlightRecorder::instance().ended(flight_id_);
-  done_ = true;
-}
 
 }  // namespace tandem
 
@@ -393,6 +452,11 @@ extern "C" void tandem_cuda_connect_nccl(const c10::intrusive_ptr<c10d::Store>& 
   if (size < 1 || rank < 0 || rank >= size) {
     throw ConfigError("tandem: connect_nccl: rank " + std::to_string(rank) +
                       " is not in [0, world size " + std::to_string(size) + ").");
+  }
+  if (options.timeout.count() <= 0) {
+    throw ConfigError("tandem: connect_nccl: the op timeout is " +
+                      std::to_string(options.timeout.count()) +
+                      " ms; it must be > 0 (--set comm.timeout_s=<seconds>).");
   }
   int devices = 0;
   check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
