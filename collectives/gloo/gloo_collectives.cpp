@@ -1,6 +1,10 @@
 // GlooCommunicator's collectives (all-reduce, broadcast, all-gather, reduce-scatter, barrier):
-// checked and numbered on the caller's thread, run on the op thread (gloo_communicator.cpp).
+// checked and numbered on the caller's thread, run on the op thread (gloo_communicator.cpp). CUDA
+// tensors are staged through pinned host memory (gloo_host_staging.h): the op body then works on
+// their host buffers, as on CPU tensors.
 #include "collectives/gloo/gloo_communicator.h"
+
+#include "collectives/gloo/gloo_host_staging.h"
 
 #include "collectives/kernels/reduce_kernels.h"
 #include "collectives/shm/shm_collectives.h"
@@ -18,16 +22,27 @@ constexpr uint64_t kReduceScatterSlotPrefix = 0x21;
 
 bool is_power_of_two(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
+using Use = HostStaging::Use;
+
+// The tensor the op body works on: argument `i`'s host buffer when staged, else the argument.
+at::Tensor on_host(const std::shared_ptr<HostStaging>& staging, size_t i, const at::Tensor& t) {
+  return staging ? staging->host(i) : t;
+}
+
 }  // namespace
 
 WorkPtr GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
-  check_tensor(tensor, "allreduce", "tensor", c10::DeviceType::CPU, "gloo");
+  check_gloo_tensor(tensor, "allreduce", "tensor");
   check_reduce_op(tensor, op, "allreduce");
-  auto d = describe("allreduce", std::string(to_string(op)) + ", " + tensor_summary(tensor));
+  // Staged before the op is numbered: a staging error leaves this rank in step with its peers.
+  auto staging = HostStaging::begin("allreduce", {{tensor, "tensor", Use::kReadWrite}});
+  auto d = describe("allreduce", std::string(to_string(op)) + ", " + tensor_summary(tensor) +
+                                     staged_from(tensor));
   const ReduceFn fn = reduce_kernel(tensor.scalar_type(), op);
   const uint32_t tag = static_cast<uint32_t>(d.seq);
   const uint64_t seq = d.seq;
-  return enqueue(std::move(d), [this, tensor, op, fn, tag, seq] {
+  return enqueue_staged(std::move(d), staging,
+                        [this, tensor = on_host(staging, 0, tensor), op, fn, tag, seq] {
     if (tensor.numel() == 0) return;
     at::Tensor buf = contiguous_view(tensor);
     const size_t nbytes = buf.numel() * buf.element_size();
@@ -62,11 +77,16 @@ WorkPtr GlooCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::Scala
 }
 
 WorkPtr GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
-  check_tensor(tensor, "broadcast", "tensor", c10::DeviceType::CPU, "gloo");
+  check_gloo_tensor(tensor, "broadcast", "tensor");
   check_peer(root, size(), "broadcast", "root");
-  auto d = describe("broadcast", "root " + std::to_string(root) + ", " + tensor_summary(tensor));
+  // The root only reads its tensor; the others only receive into theirs (Gloo writes all of it).
+  auto staging = HostStaging::begin(
+      "broadcast", {{tensor, "tensor", rank_ == root ? Use::kRead : Use::kWrite}});
+  auto d = describe("broadcast", "root " + std::to_string(root) + ", " + tensor_summary(tensor) +
+                                     staged_from(tensor));
   const uint32_t tag = static_cast<uint32_t>(d.seq);
-  return enqueue(std::move(d), [this, tensor, root, tag] {
+  return enqueue_staged(std::move(d), staging,
+                        [this, tensor = on_host(staging, 0, tensor), root, tag] {
     if (tensor.numel() == 0 || size() == 1) return;
     at::Tensor buf = contiguous_view(tensor);
     mesh_->broadcast(buf.data_ptr(), buf.nbytes(), root, tag, options_.timeout);
@@ -75,13 +95,18 @@ WorkPtr GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
 }
 
 WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
-  check_tensor(output, "allgather", "output", c10::DeviceType::CPU, "gloo");
-  check_tensor(input, "allgather", "input", c10::DeviceType::CPU, "gloo");
+  check_gloo_tensor(output, "allgather", "output");
+  check_gloo_tensor(input, "allgather", "input");
   check_scaled_numel(output, "output", input, "input", size(), "allgather");
-  auto d = describe("allgather", tensor_summary(input) + " per rank");
+  // Separate host buffers: an input inside the output on the device is no alias on the host.
+  auto staging = HostStaging::begin(
+      "allgather", {{output, "output", Use::kWrite}, {input, "input", Use::kRead}});
+  auto d = describe("allgather", tensor_summary(input) + " per rank" + staged_from(input));
   const uint32_t tag = static_cast<uint32_t>(d.seq);
   const uint64_t seq = d.seq;
-  return enqueue(std::move(d), [this, output, input, tag, seq] {
+  return enqueue_staged(std::move(d), staging,
+                        [this, output = on_host(staging, 0, output),
+                         input = on_host(staging, 1, input), tag, seq] {
     if (input.numel() == 0) return;
     at::Tensor in = contiguous_view(input);
     at::Tensor out = contiguous_view(output);
@@ -102,14 +127,19 @@ WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& 
 
 WorkPtr GlooCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                          ReduceOp op) {
-  check_tensor(output, "reduce_scatter", "output", c10::DeviceType::CPU, "gloo");
-  check_tensor(input, "reduce_scatter", "input", c10::DeviceType::CPU, "gloo");
+  check_gloo_tensor(output, "reduce_scatter", "output");
+  check_gloo_tensor(input, "reduce_scatter", "input");
   check_scaled_numel(input, "input", output, "output", size(), "reduce_scatter");
   check_reduce_op(input, op, "reduce_scatter");
-  auto d = describe("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(input));
+  auto staging = HostStaging::begin(
+      "reduce_scatter", {{output, "output", Use::kWrite}, {input, "input", Use::kRead}});
+  auto d = describe("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(input) +
+                                          staged_from(input));
   const uint32_t tag = static_cast<uint32_t>(d.seq);
   const uint64_t seq = d.seq;
-  return enqueue(std::move(d), [this, output, input, op, tag, seq] {
+  return enqueue_staged(std::move(d), staging,
+                        [this, output = on_host(staging, 0, output),
+                         input = on_host(staging, 1, input), op, tag, seq] {
     if (shm_ && shm_->reduce_scatter_fits(input.element_size())) {
       at::Tensor in = contiguous_view(input);
       // Our chunk is written while the input is still read: an output inside it needs its own.

@@ -3,6 +3,7 @@
 // gloo_collectives.cpp, send/recv in gloo_p2p.cpp.
 #include "collectives/gloo/gloo_communicator.h"
 
+#include "collectives/gloo/gloo_host_staging.h"
 #include "collectives/gloo/gloo_library.h"
 #include "collectives/gloo/gloo_store_adapter.h"
 #include "collectives/shm/shm_collectives.h"
@@ -161,6 +162,18 @@ WorkPtr GlooCommunicator::enqueue(OpDescription description, std::function<void(
                                           });
   ops_.submit([this, work, run = std::move(run)] { run_op(*work, run); });
   return work;
+}
+
+WorkPtr GlooCommunicator::enqueue_staged(OpDescription description,
+                                         std::shared_ptr<HostStaging> staging,
+                                         std::function<void()> run) {
+  if (!staging) return enqueue(std::move(description), std::move(run));
+  auto work = enqueue(std::move(description), [staging, run = std::move(run)] {
+    staging->wait_for_reads();  // Gloo reads the host buffers
+    run();
+    staging->copy_back();
+  });
+  return staged_work(std::move(work), std::move(staging));
 }
 
 std::string GlooCommunicator::who_never_joined(const OpDescription& d) {

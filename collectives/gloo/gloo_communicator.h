@@ -20,6 +20,7 @@
 
 namespace tandem::detail {
 
+class HostStaging;
 class ShmCollectives;
 
 // True when a Gloo error message says it timed out.
@@ -39,6 +40,7 @@ void copy_back(const at::Tensor& target, const at::Tensor& buffer);
 struct GlooP2PState {
   at::Tensor target;   // the caller's tensor
   at::Tensor staging;  // contiguous buffer the transport reads/writes (may be `target`)
+  std::shared_ptr<HostStaging> host;  // a CUDA `target`'s staging; `staging` is its host buffer
   std::unique_ptr<GlooBuffer> buffer;
   bool is_send = false;
   std::atomic<bool> waited{false};
@@ -84,6 +86,11 @@ class GlooCommunicator final : public Communicator,
   OpDescription describe(const char* name, std::string detail, bool p2p = false);
   // Queues `run` on the op thread; throws CommError at once if the communicator is broken.
   WorkPtr enqueue(OpDescription description, std::function<void()> run);
+  // enqueue() for an op whose CUDA tensors `staging` holds (null: CPU tensors only): `run` works
+  // on their host buffers after the copies in, the copies back follow it, and the Work's wait()
+  // makes the caller's current stream wait for them.
+  WorkPtr enqueue_staged(OpDescription description, std::shared_ptr<HostStaging> staging,
+                         std::function<void()> run);
   // Runs one queued op on the op thread and completes its Work.
   void run_op(AsyncWork& work, const std::function<void()>& run);
   WorkPtr post_p2p(const at::Tensor& tensor, int peer, uint32_t tag, bool is_send);

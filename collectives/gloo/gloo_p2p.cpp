@@ -1,6 +1,10 @@
 // GlooCommunicator's send/recv: posted at once on the caller's thread (Gloo's unbound buffers),
-// completed by waiting on the Work.
+// completed by waiting on the Work. A CUDA tensor travels through a pinned host buffer
+// (gloo_host_staging.h): a send posts it once the copy in finished, a receive copies it back
+// when waited.
 #include "collectives/gloo/gloo_communicator.h"
+
+#include "collectives/gloo/gloo_host_staging.h"
 
 #include "collectives/tensor_checks.h"
 
@@ -42,6 +46,7 @@ class GlooP2PWork : public Work {
   void wait(std::chrono::milliseconds timeout) override {
     if (state_->waited) {
       if (state_->error) std::rethrow_exception(state_->error);
+      if (state_->host) state_->host->wait_on_current_stream();  // this caller's stream too
       return;
     }
     if (timeout == kDefaultTimeout) timeout = default_timeout_;
@@ -51,7 +56,13 @@ class GlooP2PWork : public Work {
                                         : state_->buffer->wait_recv(timeout);
         if (!ok) throw CommError("the communicator was aborted");
       }
-      if (!state_->is_send) copy_back(state_->target, state_->staging);
+      if (!state_->is_send) {
+        if (state_->host) {
+          state_->host->copy_back();
+        } else {
+          copy_back(state_->target, state_->staging);
+        }
+      }
     } catch (const std::exception& e) {
       const std::string what = e.what();
       const bool timed_out = detail::looks_like_timeout(what);
@@ -71,6 +82,7 @@ class GlooP2PWork : public Work {
       std::rethrow_exception(state_->error);
     }
     state_->waited = true;
+    if (state_->host) state_->host->wait_on_current_stream();
     FlightRecorder::instance().ended(flight_id_);
   }
 
@@ -99,22 +111,31 @@ WorkPtr GlooCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) 
 WorkPtr GlooCommunicator::post_p2p(const at::Tensor& tensor, int peer, uint32_t tag,
                                    bool is_send) {
   const char* op = is_send ? "send" : "recv";
-  check_tensor(tensor, op, "tensor", c10::DeviceType::CPU, "gloo");
+  check_gloo_tensor(tensor, op, "tensor");
   check_peer(peer, size(), op, is_send ? "dst" : "src");
   if (peer == rank_) {
     throw CommError(std::string("tandem: ") + op + " to/from this rank (" +
                     std::to_string(rank_) + ") is not supported; copy the tensor locally.");
   }
+  auto host = HostStaging::begin(op, {{tensor, "tensor", is_send ? HostStaging::Use::kRead
+                                                                 : HostStaging::Use::kWrite}});
   auto d = describe(op,
-                    tensor_summary(tensor) + (is_send ? ", to " : ", from ") +
+                    tensor_summary(tensor) + staged_from(tensor) + (is_send ? ", to " : ", from ") +
                         std::to_string(peer) + ", tag " + std::to_string(tag),
                     /*p2p=*/true);
   throw_if_broken(d);
   auto state = std::make_shared<GlooP2PState>();
   state->is_send = is_send;
   state->target = tensor;
-  state->staging = is_send ? contiguous_view(tensor)
-                           : (tensor.is_contiguous() ? tensor : tensor.new_empty(tensor.sizes()));
+  if (host) {
+    // The transport reads a send's buffer as soon as it is posted: the host waits for the copy in.
+    if (is_send) host->wait_for_reads();
+    state->staging = host->host(0);
+    state->host = std::move(host);
+  } else {
+    state->staging = is_send ? contiguous_view(tensor)
+                             : (tensor.is_contiguous() ? tensor : tensor.new_empty(tensor.sizes()));
+  }
   const size_t nbytes = state->staging.numel() * state->staging.element_size();
   {
     // Posting under the lock makes the posting order the issue order.

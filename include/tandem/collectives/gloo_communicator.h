@@ -1,4 +1,6 @@
-// Gloo backend of Communicator: CPU tensors over TCP, on libgloo directly.
+// Gloo backend of Communicator: CPU tensors over TCP, on libgloo directly; CUDA tensors too,
+// staged through pinned host memory as PyTorch's ProcessGroupGloo does (several ranks can then
+// share one GPU).
 //
 // connect_gloo() rendezvouses `size` ranks through a c10d store (TCPStore across processes,
 // FileStore, or HashStore for ranks-as-threads in one process) and returns a connected
@@ -10,6 +12,15 @@
 // Gloo's bcube algorithm (halving-doubling family, log2(p) steps) below `ring_threshold_bytes`
 // on power-of-two groups and the bandwidth-optimal ring otherwise. Non-contiguous tensors are
 // copied to a contiguous buffer and the result copied back (see communicator.h).
+//
+// CUDA tensors: each op copies them into pinned host buffers on a side stream that first waits
+// (event) for the caller's current stream, runs on those as on CPU tensors (the same bits), and
+// copies the results back on that stream; Work::wait() makes the caller's current stream wait
+// (event) for the copies back instead of blocking the host on them. The op keeps the tensors
+// alive until its copies finished, so a caller may drop them right after the call. One op's
+// tensors must share one device. Only c10's device-agnostic streams and events are used, so
+// libtandem links no CUDA library. Costs two PCIe copies and a host wait per op: for tests and
+// debugging on one GPU, not for speed (use NCCL).
 //
 // Shared memory: when every rank of a communicator (sub-groups included) runs on the same host
 // and `GlooOptions::shared_memory` is true on all of them, allreduce, reduce-scatter and
@@ -29,7 +40,9 @@
 // and receives are posted on the caller's thread.
 // Errors: connect_gloo() throws ConfigError for a rank outside [0, size) or a null store,
 // CommError when no TCP device opens on the given hostname/interface or the ranks cannot connect,
-// TimeoutError when a rank never arrives; ops fail as communicator.h says.
+// TimeoutError when a rank never arrives; ops fail as communicator.h says, and throw CommError at
+// the call for tensors of one op on different devices, a device other than CPU and CUDA, or a
+// CUDA tensor libtorch cannot serve here (libtorch_cuda not loaded, no device or driver).
 #pragma once
 
 #include <tandem/collectives/communicator.h>
