@@ -1,16 +1,18 @@
 // The flight recorder (include/tandem/collectives/flight_recorder.h).
 #include <tandem/collectives/flight_recorder.h>
 
-#include <tandem/base/file_system.h>
+#include <tandem/collectives/flight_ring.h>
 
-#include "base/json.h"
+#include "collectives/flight_ring_layout.h"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -25,16 +27,6 @@ namespace {
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-const char* state_name(FlightRecorder::State s) {
-  switch (s) {
-    case FlightRecorder::State::kEnqueued: return "enqueued";
-    case FlightRecorder::State::kStarted: return "started";
-    case FlightRecorder::State::kCompleted: return "completed";
-    case FlightRecorder::State::kFailed: return "failed";
-  }
-  return "?";
 }
 
 std::string env_or(const char* name, const std::string& fallback) {
@@ -52,6 +44,31 @@ void on_sigusr1(int) {
     [[maybe_unused]] const ssize_t n = ::write(fd, &c, 1);
   }
 }
+
+// Writes one record under its seqlock: odd from the first store to the last (flight_ring_layout.h).
+class RecordWrite {
+ public:
+  explicit RecordWrite(detail::FlightRingRecord& r)
+      : r_(r), seq_(r.seq.load(std::memory_order_relaxed)) {
+    r_.seq.store(seq_ + 1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_release);
+  }
+  ~RecordWrite() { r_.seq.store(seq_ + 2, std::memory_order_release); }
+  RecordWrite(const RecordWrite&) = delete;
+  RecordWrite& operator=(const RecordWrite&) = delete;
+
+ private:
+  detail::FlightRingRecord& r_;
+  const uint64_t seq_;
+};
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? static_cast<int>(std::strtol(v, nullptr, 10)) : fallback;
+}
+
+// The recorder whose ring a forked child must stop sharing (fork_child below).
+std::atomic<FlightRecorder*> g_recorder{nullptr};
 
 }  // namespace
 
@@ -74,22 +91,70 @@ FlightRecorder::FlightRecorder() {
     const long n = std::strtol(v, nullptr, 10);
     if (n > 0) capacity = static_cast<size_t>(n);
   }
-  ring_.resize(capacity);
-  reserve_strings();
+  if (enabled_) map_ring(capacity);
+  // A forked child gets a private copy of the ring: sharing it, its records would land in its
+  // parent's (and the parent's in the child's view).
+  g_recorder = this;
+  ::pthread_atfork(nullptr, nullptr, [] {
+    FlightRecorder* r = g_recorder.load();
+    if (r == nullptr || r->ring_fd_ < 0) return;
+    ::mmap(r->ring_, r->ring_bytes_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED, r->ring_fd_,
+           0);
+    ::close(r->ring_fd_);
+    r->ring_fd_ = -1;
+  });
 }
 
-// Every entry's text gets its room once, here, before training allocates anything: record() then
-// copies into it without calling malloc. Strings allocated op by op lived for a whole ring's
-// turn among each step's short-lived buffers and kept glibc's heap from shrinking (the main job's
-// peak RSS grew 3-5% over 300 steps).
-void FlightRecorder::reserve_strings() {
-  constexpr size_t kTextBytes = 64;
-  for (Entry& e : ring_) {
-    for (std::string* text : {&e.group, &e.backend, &e.op, &e.detail}) text->reserve(kTextBytes);
+// The ring lives outside malloc's heap, in pages mapped here once: records copy their text into
+// fixed fields. (Strings allocated op by op lived for a whole ring's turn among each step's
+// short-lived buffers and kept glibc's heap from shrinking: the main job's peak RSS grew 3-5% over
+// 300 steps.) A memfd, mapped shared and kept open, lets tandemrun read the ring of a stopped
+// process (flight_ring.h); where there is none, the ring is private memory that only dumps reach.
+void FlightRecorder::map_ring(size_t capacity) {
+  const size_t bytes = detail::flight_ring_bytes(capacity);
+  void* mem = MAP_FAILED;
+  int fd = ::memfd_create(detail::kFlightRingName, MFD_CLOEXEC);
+  // Every page reserved now: a full tmpfs would otherwise be a SIGBUS at some later record.
+  if (fd >= 0 && ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+      ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
+    mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   }
+  if (mem == MAP_FAILED && fd >= 0) {
+    ::close(fd);
+    fd = -1;
+  }
+  if (mem == MAP_FAILED)
+    mem = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (mem == MAP_FAILED) {
+    enabled_ = false;  // no memory for the ring: record nothing rather than fail the job
+    return;
+  }
+  std::memset(mem, 0, bytes);
+  auto* h = static_cast<detail::FlightRingHeader*>(mem);
+  h->version = detail::kFlightRingVersion;
+  h->record_size = sizeof(detail::FlightRingRecord);
+  h->capacity = capacity;
+  h->rank = env_int("RANK", 0);
+  h->world_size = env_int("WORLD_SIZE", 1);
+  h->pid = ::getpid();
+  std::atomic_thread_fence(std::memory_order_release);
+  // The magic last: a reader that sees it sees a whole header.
+  std::memcpy(h->magic, detail::kFlightRingMagic, sizeof h->magic);
+  ring_ = h;
+  ring_bytes_ = bytes;
+  ring_fd_ = fd;
+}
+
+void FlightRecorder::unmap_ring() {
+  if (ring_ != nullptr) ::munmap(ring_, ring_bytes_);
+  if (ring_fd_ >= 0) ::close(ring_fd_);
+  ring_ = nullptr;
+  ring_bytes_ = 0;
+  ring_fd_ = -1;
 }
 
 FlightRecorder::~FlightRecorder() {
+  g_recorder = nullptr;
   if (signal_thread_ == nullptr) return;
   ::signal(SIGUSR1, SIG_DFL);
   g_signal_fd = -1;
@@ -104,11 +169,24 @@ FlightRecorder::~FlightRecorder() {
 
 void FlightRecorder::reset(size_t capacity, bool enabled) {
   std::lock_guard<std::mutex> lock(mutex_);
-  ring_.assign(capacity, Entry{});
-  reserve_strings();
-  next_id_ = 0;
+  unmap_ring();
   enabled_ = enabled;
+  if (enabled && capacity > 0) map_ring(capacity);
 }
+
+namespace {
+
+detail::FlightRingRecord* find_record(detail::FlightRingHeader* ring, uint64_t id) {
+  if (id == UINT64_MAX || ring == nullptr) return nullptr;
+  detail::FlightRingRecord& r = detail::flight_ring_records(ring)[id % ring->capacity];
+  // Overwritten entries are gone.
+  return r.id == id && r.seq.load(std::memory_order_relaxed) != 0 &&
+                 id < ring->next_id.load(std::memory_order_relaxed)
+             ? &r
+             : nullptr;
+}
+
+}  // namespace
 
 uint64_t FlightRecorder::record(const std::string& group, const std::string& backend,
                                 const std::string& op, uint64_t seq, bool p2p,
@@ -116,36 +194,36 @@ uint64_t FlightRecorder::record(const std::string& group, const std::string& bac
   if (!enabled_) return UINT64_MAX;
   const double t = now_s();
   std::lock_guard<std::mutex> lock(mutex_);
-  const uint64_t id = next_id_++;
-  Entry& e = ring_[id % ring_.size()];
-  e.id = id;
-  e.group.assign(group);  // into the reserved room (reserve_strings)
-  e.backend.assign(backend);
-  e.op.assign(op);
-  e.seq = seq;
-  e.p2p = p2p;
-  e.detail.assign(detail);
-  e.enqueued_s = t;
-  e.started_s = 0;
-  e.ended_s = 0;
-  e.state = State::kEnqueued;
-  e.error.clear();
+  if (ring_ == nullptr) return UINT64_MAX;
+  const uint64_t id = ring_->next_id.load(std::memory_order_relaxed);
+  // Published first: a reader then skips the slot's previous entry, or finds the slot torn.
+  ring_->next_id.store(id + 1, std::memory_order_release);
+  detail::FlightRingRecord& r = detail::flight_ring_records(ring_)[id % ring_->capacity];
+  RecordWrite write(r);
+  r.id = id;
+  detail::put_text(r.group, group);
+  detail::put_text(r.backend, backend);
+  detail::put_text(r.op, op);
+  r.op_seq = seq;
+  r.p2p = p2p ? 1 : 0;
+  detail::put_text(r.detail, detail);
+  r.enqueued_s = t;
+  r.started_s = 0;
+  r.ended_s = 0;
+  r.state = static_cast<uint8_t>(State::kEnqueued);
+  r.error[0] = '\0';
   return id;
-}
-
-FlightRecorder::Entry* FlightRecorder::find(uint64_t id) {
-  if (id == UINT64_MAX || ring_.empty()) return nullptr;
-  Entry& e = ring_[id % ring_.size()];
-  return e.id == id && id < next_id_ ? &e : nullptr;  // overwritten entries are gone
 }
 
 void FlightRecorder::started(uint64_t id) {
   if (id == UINT64_MAX) return;
   const double t = now_s();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (Entry* e = find(id)) {
-    e->started_s = t;
-    if (e->state == State::kEnqueued) e->state = State::kStarted;
+  if (detail::FlightRingRecord* r = find_record(ring_, id)) {
+    RecordWrite write(*r);
+    r->started_s = t;
+    if (r->state == static_cast<uint8_t>(State::kEnqueued))
+      r->state = static_cast<uint8_t>(State::kStarted);
   }
 }
 
@@ -153,19 +231,24 @@ void FlightRecorder::ended(uint64_t id, const std::string& error) {
   if (id == UINT64_MAX) return;
   const double t = now_s();
   std::lock_guard<std::mutex> lock(mutex_);
-  if (Entry* e = find(id)) {
-    if (e->started_s == 0) e->started_s = t;
-    e->ended_s = t;
-    e->state = error.empty() ? State::kCompleted : State::kFailed;
-    e->error = error;
+  if (detail::FlightRingRecord* r = find_record(ring_, id)) {
+    RecordWrite write(*r);
+    if (r->started_s == 0) r->started_s = t;
+    r->ended_s = t;
+    r->state = static_cast<uint8_t>(error.empty() ? State::kCompleted : State::kFailed);
+    detail::put_text(r->error, error);
   }
 }
 
 std::vector<FlightRecorder::Entry> FlightRecorder::entries() const {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<Entry> out;
-  const uint64_t n = std::min<uint64_t>(next_id_, ring_.size());
-  for (uint64_t id = next_id_ - n; id < next_id_; ++id) out.push_back(ring_[id % ring_.size()]);
+  if (ring_ == nullptr) return out;
+  const uint64_t next_id = ring_->next_id.load(std::memory_order_relaxed);
+  const uint64_t n = std::min<uint64_t>(next_id, ring_->capacity);
+  const detail::FlightRingRecord* records = detail::flight_ring_records(ring_);
+  for (uint64_t id = next_id - n; id < next_id; ++id)
+    out.push_back(detail::entry_of(records[id % ring_->capacity]));
   return out;
 }
 
@@ -182,40 +265,17 @@ std::string FlightRecorder::dump(const std::string& reason, std::string* error) 
     return "";
   }
   const std::string path = dump_path();
+  FlightSnapshot snapshot;
   try {
-    JsonValue doc = JsonValue::object();
-    doc.set("format", "tandem-flight-recorder");
-    doc.set("version", 1);
-    doc.set("rank", static_cast<int64_t>(std::strtol(env_or("RANK", "0").c_str(), nullptr, 10)));
-    doc.set("world_size", static_cast<int64_t>(std::strtol(env_or("WORLD_SIZE", "1").c_str(), nullptr, 10)));
-    doc.set("pid", static_cast<int64_t>(::getpid()));
-    doc.set("reason", reason);
-    doc.set("dumped_at", now_s());
-    JsonValue ops = JsonValue::array();
-    for (const Entry& e : entries()) {
-      JsonValue o = JsonValue::object();
-      o.set("id", e.id);
-      o.set("group", e.group);
-      o.set("backend", e.backend);
-      o.set("op", e.op);
-      o.set("seq", e.seq);
-      o.set("p2p", e.p2p);
-      o.set("detail", e.detail);
-      o.set("state", state_name(e.state));
-      o.set("enqueued_s", e.enqueued_s);
-      o.set("started_s", e.started_s);
-      o.set("ended_s", e.ended_s);
-      if (!e.error.empty()) o.set("error", e.error);
-      ops.push_back(std::move(o));
-    }
-    doc.set("ops", std::move(ops));
-    std::filesystem::create_directories(std::filesystem::path(path).parent_path());
-    posix_file_system()->write_file_atomically(path, doc.dump(1) + "\n");
-    return path;
-  } catch (const std::exception& e) {
+    snapshot.rank = env_int("RANK", 0);
+    snapshot.world_size = env_int("WORLD_SIZE", 1);
+    snapshot.pid = ::getpid();
+    snapshot.entries = entries();
+  } catch (const std::exception& e) {  // out of memory for the copy
     if (error != nullptr) *error = e.what();
     return "";
   }
+  return write_flight_dump(snapshot, reason, path, error) ? path : "";
 }
 
 void FlightRecorder::install_signal_handler() {

@@ -126,17 +126,23 @@ TEST_F(FaultTest, HungWorkerIsDetectedByHeartbeatAndRestarted) {
   // Rank 1 stopped; rank 0 then waits for it in the all-reduce: both go silent, the first seen
   // silent for over 2 s is named.
   EXPECT_NE(r.err.find("sent no heartbeat for"), std::string::npos) << r.err;
-  // Rank 1 is not continued before SIGTERM (not even to dump its flight recorder), so neither
-  // rank gets past step 8 and the restart resumes from step 6's checkpoint, every time. (Once
-  // continued, the ranks sometimes finished step 8 and saved step 9 before SIGTERM came.)
+  // Rank 1 is not continued before SIGTERM (tandemrun reads its flight recorder's ring instead),
+  // so neither rank gets past step 8 and the restart resumes from step 6's checkpoint, every
+  // time. (Once continued, the ranks sometimes finished step 8 and saved step 9 before SIGTERM.)
   EXPECT_NE(r.out.find("restart 1 resumed at step 6\n"), std::string::npos) << r.out;
   std::set<std::string> dumps;  // <log dir>/<run id>_XXXXXX/flight/attempt_0/flight_rank<R>.json
   for (const auto& e : fs::recursive_directory_iterator(dir_ + "/logs")) {
     if (e.path().filename().string().rfind("flight_rank", 0) == 0)
       dumps.insert(e.path().parent_path().filename().string() + "/" + e.path().filename().string());
   }
-  EXPECT_EQ(dumps, std::set<std::string>{"attempt_0/flight_rank0.json"})
-      << "only the waiting rank 0 dumps; the stopped rank 1 is not continued to dump";
+  EXPECT_EQ(dumps,
+            (std::set<std::string>{"attempt_0/flight_rank0.json", "attempt_0/flight_rank1.json"}))
+      << "rank 0 dumps on SIGUSR1; tandemrun dumps the stopped rank 1 from its ring";
+  EXPECT_NE(r.err.find("rank 1 (pid "), std::string::npos) << r.err;
+  EXPECT_NE(
+      r.err.find("is stopped (SIGSTOP or a debugger): tandemrun read its flight record itself"),
+      std::string::npos)
+      << r.err;
   EXPECT_EQ(params("hang"), want);
 }
 

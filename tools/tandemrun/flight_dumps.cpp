@@ -1,6 +1,8 @@
 // tandemrun's part of the flight recorder (tools/tandemrun/flight_dumps.h).
 #include "tools/tandemrun/flight_dumps.h"
 
+#include <tandem/collectives/flight_ring.h>
+
 #include <dirent.h>
 
 #include <cstdlib>
@@ -37,6 +39,36 @@ int count_flight_dumps(const std::string& dir) {
     ::closedir(d);
   }
   return n;
+}
+
+std::string dump_stopped_worker(pid_t pid, int rank, const std::string& dir) {
+  const std::string who = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
+  const std::string ring = find_flight_ring(pid);
+  if (ring.empty()) return "";
+  try {
+    const FlightSnapshot s = read_flight_ring(ring);
+    // Only the worker's own record: not a ring another process made and passed down to it.
+    if (s.pid != pid || s.rank != rank) {
+      return who + " is stopped; its flight-recorder ring belongs to rank " +
+             std::to_string(s.rank) + ", pid " + std::to_string(s.pid) + ": not dumped";
+    }
+    const std::string path = dir + "/flight_rank" + std::to_string(rank) + ".json";
+    std::string error;
+    if (!write_flight_dump(s, "stopped", path, &error)) {
+      return who + " is stopped; writing its flight record to " + path + " failed: " + error;
+    }
+    std::string line =
+        who + " is stopped (SIGSTOP or a debugger): tandemrun read its flight record itself (" +
+        std::to_string(s.entries.size()) + " ops) into " + path;
+    if (!s.torn.empty()) {
+      line += "; " + std::to_string(s.torn.size()) +
+              (s.torn.size() == 1 ? " entry was" : " entries were") +
+              " being written when it stopped: left out, listed as \"torn\"";
+    }
+    return line;
+  } catch (const std::exception& e) {
+    return who + " is stopped; its flight record could not be read: " + e.what();
+  }
 }
 
 }  // namespace tandem::launcher

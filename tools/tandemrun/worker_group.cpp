@@ -372,11 +372,16 @@ void WorkerGroup::request_flight_dumps(int restart_count, std::chrono::milliseco
   const std::time_t asked = std::time(nullptr);
   std::vector<std::string> files;
   for (const auto& w : workers_) {
-    if (w.exit || w.reaped || w.pid <= 0 || !catches_sigusr1(w.pid)) continue;
+    if (w.exit || w.reaped || w.pid <= 0) continue;
     // A stopped worker stays stopped: continued, it would also go on training (its peers with
     // it) past the point it was found hung, and the restart's checkpoint would depend on how far
-    // it got before SIGTERM. Its peers' dumps say what they were waiting for.
-    if (is_stopped(w.pid)) continue;
+    // it got before SIGTERM. Its ring is read here instead, without its help.
+    if (is_stopped(w.pid)) {
+      const std::string done = dump_stopped_worker(w.pid, w.rank, dir);
+      if (!done.empty()) log_line("flight recorder: " + done);
+      continue;
+    }
+    if (!catches_sigusr1(w.pid)) continue;
     if (::kill(w.pid, SIGUSR1) == 0) files.push_back(dir + "/flight_rank" + std::to_string(w.rank) + ".json");
   }
   const auto fresh = [&] {

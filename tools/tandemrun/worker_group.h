@@ -129,7 +129,8 @@ class WorkerGroup {
   // Before stopping a failed or hung group: asks every running worker that catches SIGUSR1 (a
   // tandem worker) to dump its flight recorder, waits up to `limit` for the dumps, and says where
   // they are (a worker that failed on a collective timeout has dumped already). A stopped worker
-  // (SIGSTOP, a debugger) is not asked: it is not continued before the group is stopped.
+  // (SIGSTOP, a debugger) is not asked, as it is not continued before the group is stopped:
+  // tandemrun reads its ring and writes its dump itself (dump_stopped_worker, reason "stopped").
   void request_flight_dumps(int restart_count, std::chrono::milliseconds limit);
   // The flight recorder's directory of attempt `restart_count` (TANDEM_FLIGHT_RECORDER_DIR).
   std::string flight_dir(int restart_count) const;

@@ -11,6 +11,11 @@
 // abort(), on SIGUSR1 (tandemrun sends it before stopping a group it found hung or failed), and
 // on request (dump()). The file is written to a temporary name and renamed.
 //
+// The ring is plain fixed-size records in shared memory (a memfd; flight_ring.h), so that
+// tandemrun can write the dump of a worker that cannot: one stopped by SIGSTOP or a debugger
+// (reason "stopped"). Texts longer than their field (group 127 bytes, backend 15, op 31, detail
+// 127, error 319) are cut and end with "...". Recording calls no malloc.
+//
 // Ownership: one process-wide recorder (FlightRecorder::instance()). Thread-safety: every member
 // is thread-safe; record calls take one short mutex. Errors: dump() reports failures as its return
 // value (it runs on error paths and must not throw).
@@ -18,12 +23,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <mutex>
 #include <string>
 #include <vector>
 
 namespace tandem {
+
+namespace detail {
+struct FlightRingHeader;  // collectives/flight_ring_layout.h
+}
 
 class FlightRecorder {
  public:
@@ -72,12 +82,13 @@ class FlightRecorder {
  private:
   FlightRecorder();
   ~FlightRecorder();
-  Entry* find(uint64_t id);  // under mutex_
-  void reserve_strings();  // under mutex_ or in the constructor
+  void map_ring(size_t capacity);  // under mutex_ or in the constructor
+  void unmap_ring();               // likewise
 
   mutable std::mutex mutex_;
-  std::vector<Entry> ring_;
-  uint64_t next_id_ = 0;
+  detail::FlightRingHeader* ring_ = nullptr;  // header and records; null while off
+  size_t ring_bytes_ = 0;
+  int ring_fd_ = -1;  // the memfd; -1 for private memory (no memfd on this system)
   std::atomic<bool> enabled_{true};
   struct SignalThread;
   SignalThread* signal_thread_ = nullptr;
