@@ -8,6 +8,7 @@
 #include <tandem/collectives/communicator.h>
 
 #include "base/serial_executor.h"
+#include "checkpoint/device_staging.h"
 #include "checkpoint/step_directory.h"
 
 #include <chrono>
@@ -51,12 +52,15 @@ struct Job {
   std::vector<TensorSource> sources;
   std::vector<at::Tensor> keepalive;
   // Async: copies left to the writer (parameters, optimizer state) and their sources, alive until
-  // copied.
+  // copied. deferred_sources also lists the deferred device tensors (copied by `device`).
   std::vector<CopyTask> deferred;
   std::vector<at::Tensor> deferred_sources;
   std::vector<int64_t> deferred_versions;  // the sources' version counters at save()
   std::vector<std::string> deferred_names;
   std::string staging_error;  // a deferred tensor changed before it was copied
+  // Device tensors' copies into pinned staging (device_staging.h): queued by collect(), waited
+  // for before the write (sync: in save(); async: by the writer).
+  DeviceCopies device;
   std::map<std::string, CheckpointValue> values;
   std::vector<ManifestState> states;
   Clock::time_point started;
@@ -87,6 +91,7 @@ struct CheckpointManager::Impl {
   std::vector<Entry> entries;
   std::map<std::string, CheckpointValue> user_values;
   std::vector<at::Tensor> staging_buffers;  // reused host buffers (async mode)
+  detail::PinnedArena pinned;               // reused pinned staging of device tensors
   int64_t resumed = -1;
 
   // What the last save left, guarded by `mu` (async saves report from the writer's thread).
@@ -131,7 +136,8 @@ struct CheckpointManager::Impl {
   std::vector<Entry> all_entries();
   bool any_sharded() const;
 
-  // Snapshots every state this rank writes (copied into `staging` in async mode).
+  // Snapshots every state this rank writes (copied into `staging` in async mode; device tensors
+  // into `pinned`, on a side stream, in both modes).
   std::unique_ptr<Job> collect(int64_t step);
 
   void save(int64_t step);

@@ -1,5 +1,6 @@
-// Saving: collecting and staging every registered state, and handing the write to the async
-// writer, a SerialExecutor (see include/tandem/checkpoint/checkpoint_manager.h).
+// Saving: collecting and staging every registered state (device tensors through
+// checkpoint/device_staging.h) and handing the write to the async writer, a SerialExecutor (see
+// include/tandem/checkpoint/checkpoint_manager.h).
 #include "checkpoint/checkpoint_manager_impl.h"
 
 #include <tandem/base/trace.h>
@@ -48,7 +49,8 @@ std::unique_ptr<CheckpointManager::Impl::Job> CheckpointManager::Impl::collect(i
   std::vector<CopyTask> copies;
   std::vector<at::Tensor> copy_sources;
   size_t staged_count = 0;
-  const bool may_defer = staging_may_be_deferred();
+  const bool may_defer = opts.async && staging_may_be_deferred();
+  pinned.reset();  // the previous save is done with it (save() waited for the writer)
   for (const Entry& e : all_entries()) {
     job->states.push_back({e.name, e.state->kind(), e.sharding});
     const bool mine = e.sharding != Sharding::kReplicated || rank == 0;
@@ -66,17 +68,32 @@ std::unique_ptr<CheckpointManager::Impl::Job> CheckpointManager::Impl::collect(i
       if (!tensor.defined()) {
         throw CheckpointError("tandem: checkpoint: tensor \"" + full + "\" is undefined.");
       }
+      if (tensor.is_meta()) {
+        throw CheckpointError("tandem: checkpoint: tensor \"" + full + "\" is on the meta device, "
+                              "which holds no data: give it storage and values (to_empty() and "
+                              "initialise, or load weights) before saving it.");
+      }
       // Parameters and optimizer state change only in an optimizer step: the writer copies them.
       const bool defer = may_defer && (stable || tensor.requires_grad());
       at::Tensor t = tensor.detach();
-      if (t.device().type() != c10::DeviceType::CPU) t = t.to(c10::Device(c10::DeviceType::CPU));
       if (!t.is_contiguous()) t = t.contiguous();
       TensorSource src;
       src.name = full;
       src.dtype = to_checkpoint_dtype(t.scalar_type());
       src.shape = t.sizes().vec();
       const size_t nbytes = t.numel() * t.element_size();
-      if (opts.async) {
+      if (!t.device().is_cpu()) {
+        // Pinned staging, copied on the device's side stream (launched below, both modes).
+        const at::Tensor buf = pinned.take(nbytes);
+        job->device.add(t, buf, defer);
+        if (defer) {
+          job->deferred_sources.push_back(t);
+          job->deferred_versions.push_back(t._version());
+          job->deferred_names.push_back(full);
+        }
+        src.data = buf.data_ptr();
+        job->keepalive.push_back(buf);
+      } else if (opts.async) {
         if (staged_count >= staging_buffers.size()) staging_buffers.emplace_back();
         at::Tensor& buf = staging_buffers[staged_count++];
         if (!buf.defined() || static_cast<size_t>(buf.numel()) < nbytes) {
@@ -102,6 +119,8 @@ std::unique_ptr<CheckpointManager::Impl::Job> CheckpointManager::Impl::collect(i
       job->values[full] = v;
     }
   }
+  // Device copies first: they run on their side streams while the host copies below do.
+  job->device.launch();
   if (!copies.empty()) copy_parallel(copies);
   return job;
 }
@@ -122,6 +141,7 @@ void CheckpointManager::Impl::save(int64_t step) {
   }
   job->started = t0;
   if (!opts.async) {
+    job->device.synchronize();  // the write reads the pinned copies
     job->blocked_s = seconds_since(t0);  // refined below: everything blocks in sync mode
     SaveStats s = run_job(*job);
     s.blocked_s = seconds_since(t0);
@@ -130,7 +150,7 @@ void CheckpointManager::Impl::save(int64_t step) {
     return;
   }
   job->blocked_s = seconds_since(t0);
-  if (!job->deferred.empty()) {
+  if (!job->deferred_sources.empty()) {
     std::lock_guard<std::mutex> lock(mu);
     staging = true;
   }
@@ -144,7 +164,11 @@ void CheckpointManager::Impl::save(int64_t step) {
     try {
       trace::Span span("checkpoint staging copy", trace::kCheckpoint);
       for (const auto& c : job->deferred) deferred_bytes += c.bytes;
+      deferred_bytes += job->device.bytes(/*deferred=*/true);
       copy_parallel(job->deferred);
+      // Every device copy, the immediate ones too (the write reads them): the host waits here,
+      // on the writer's thread, never in save().
+      job->device.synchronize();
       for (size_t i = 0; i < job->deferred_sources.size(); ++i) {
         if (job->deferred_sources[i]._version() == job->deferred_versions[i]) continue;
         job->staging_error =

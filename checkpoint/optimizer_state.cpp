@@ -21,6 +21,25 @@ void* param_key(const at::Tensor& p) { return p.unsafeGetTensorImpl(); }
 std::string pfx(size_t g, size_t i) { return "g" + std::to_string(g) + ".p" + std::to_string(i) + "."; }
 std::string gfx(size_t g) { return "g" + std::to_string(g) + "."; }
 
+// One parameter's loaded state (prefix `p`), placed where the parameter lives, as
+// torch.optim.Optimizer.load_state_dict places it: every tensor on the parameter's device (the
+// checkpoint loads into host memory; a CUDA model steps on the GPU), floating state in the
+// parameter's dtype. A tensor already there is kept as it is (no copy).
+StateDict placed(const StateDict& loaded, const std::string& p, const std::vector<std::string>& fields,
+                 const at::Tensor& param) {
+  StateDict out;
+  for (auto it = loaded.values.lower_bound(p); it != loaded.values.end() && it->first.rfind(p, 0) == 0; ++it) {
+    out.values.insert(*it);
+  }
+  for (const auto& field : fields) {
+    const at::Tensor* t = loaded.find_tensor(p + field);
+    if (t == nullptr) continue;
+    const bool cast = t->is_floating_point() && param.is_floating_point();
+    out.tensors.emplace_back(p + field, t->to(param.device(), cast ? param.scalar_type() : t->scalar_type()));
+  }
+  return out;
+}
+
 class OptimizerState final : public Checkpointable {
  public:
   OptimizerState(torch::optim::Optimizer& opt, OptimizerLayout layout)
@@ -100,7 +119,7 @@ class OptimizerState final : public Checkpointable {
           opt_.state().erase(key);
           continue;
         }
-        auto state = layout_.load_state(loaded, p);
+        auto state = layout_.load_state(placed(loaded, p, layout_.tensor_fields, params[i]), p);
         opt_.state()[key] = std::move(state);
       }
     }

@@ -1,4 +1,4 @@
-// The per-step commit protocol (see include/tandem/checkpoint/step_directory.h). No torch headers.
+// The per-step commit protocol (checkpoint/step_directory.h). No torch headers.
 #include "checkpoint/step_directory.h"
 
 #include <algorithm>

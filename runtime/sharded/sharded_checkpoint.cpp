@@ -307,6 +307,8 @@ class OptimizerSlices final : public SlicedCheckpointable {
         int64_t b = 0, e = 0;
         if (!parse_slice_key(key, &global, &b, &e) || !std::regex_match(global, m, per_param)) continue;
         if (std::find(info.param_names.begin(), info.param_names.end(), m[2].str()) == info.param_names.end()) continue;
+        // Assembled in host memory from the (host) pieces; the optimizer adapter's load then moves
+        // each field once onto its parameter's device and dtype (checkpoint/optimizer_state.cpp).
         if (!fields.count(m[1].str())) fields[m[1].str()] = at::zeros({shards[info.index].numel()}, t.options());
       }
       for (auto& [field, target] : fields) {
