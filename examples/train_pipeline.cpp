@@ -108,6 +108,7 @@ int main(int argc, char** argv) {
     const auto bubble = pipe.measured_bubble();
     const auto timeline = pipe.gather_timeline();
     costs.comm = tandem::pipeline::measured_comm_costs({timeline});
+    costs.per_action = tandem::pipeline::measured_action_costs(timeline);  // the last step's own
     const auto simulated = tandem::pipeline::simulate(pipe.schedule(), costs);
     double measured = 0;
     for (double b : bubble) measured += b / static_cast<double>(bubble.size());
@@ -127,7 +128,7 @@ int main(int argc, char** argv) {
       for (auto n : pipe.balance()) std::printf(" %lld", static_cast<long long>(n));
       std::printf("\nschedule picture: %s\nchrome trace: %s\n", svg.c_str(), trace.c_str());
       std::printf(
-          "measured bubble %.3f (last step, mean over ranks); simulated with measured costs %.3f\n",
+          "measured bubble %.3f (last step, mean over ranks); simulated with its costs %.3f\n",
           measured, simulated.mean_own_bubble);
     }
     return 0;

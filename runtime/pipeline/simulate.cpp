@@ -32,6 +32,23 @@ double Costs::b(int stage) const {
   return backward_input[stage] + backward_weight[stage];
 }
 
+double Costs::of(const Action& a) const {
+  const auto it = per_action.find({a.op, a.stage, a.microbatch});
+  if (it != per_action.end()) return it->second;
+  switch (a.op) {
+    case Op::kForward:
+      return forward[a.stage];
+    case Op::kBackward:
+      return b(a.stage);
+    case Op::kBackwardInput:
+      return backward_input[a.stage];
+    case Op::kBackwardWeight:
+      return backward_weight[a.stage];
+    default:
+      return 0.0;
+  }
+}
+
 SimResult simulate(const Schedule& input, const Costs& costs) {
   validate(input);
   const Schedule s = lower(input);
@@ -51,6 +68,14 @@ SimResult simulate(const Schedule& input, const Costs& costs) {
                       std::to_string(comm.send_overhead) + ", recv_overhead " +
                       std::to_string(comm.recv_overhead));
   }
+  for (const auto& [key, seconds] : costs.per_action) {
+    const auto& [op, stage, mb] = key;
+    if (!(seconds >= 0) || !is_compute(op) || stage < 0 || stage >= s.num_stages) {
+      throw ConfigError("simulate: per_action cost of " + to_string(Action{op, stage, mb}) +
+                        " must be a compute action of a stage of the schedule and >= 0, got " +
+                        std::to_string(seconds));
+    }
+  }
   const int R = s.num_ranks;
   SimResult res;
   res.busy.assign(R, 0.0);
@@ -69,20 +94,20 @@ SimResult simulate(const Schedule& input, const Costs& costs) {
         TimedAction t{r, a, clock[r], clock[r]};
         switch (a.op) {
           case Op::kForward:
-            t.end += costs.forward[a.stage];
+            t.end += costs.of(a);
             ++live[r];
             break;
           case Op::kBackward:
-            t.end += costs.b(a.stage);
+            t.end += costs.of(a);
             --live[r];
             break;
           case Op::kBackwardInput:
-            t.end += costs.backward_input[a.stage];
+            t.end += costs.of(a);
             --live[r];
             ++pending_w[r];
             break;
           case Op::kBackwardWeight:
-            t.end += costs.backward_weight[a.stage];
+            t.end += costs.of(a);
             --pending_w[r];
             break;
           case Op::kSendForward:
@@ -183,6 +208,17 @@ CommCosts measured_comm_costs(const std::vector<std::vector<TimedAction>>& timel
   }
   c.recv_overhead = n ? sum / static_cast<double>(n) : 0.0;
   return c;
+}
+
+std::map<std::tuple<Op, int, int>, double> measured_action_costs(
+    const std::vector<TimedAction>& timeline) {
+  std::map<std::tuple<Op, int, int>, double> out;
+  for (const auto& t : timeline) {
+    if (is_compute(t.action.op)) {
+      out[{t.action.op, t.action.stage, t.action.microbatch}] = t.end - t.start;
+    }
+  }
+  return out;
 }
 
 namespace {

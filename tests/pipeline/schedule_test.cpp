@@ -223,6 +223,49 @@ TEST(ScheduleSimulate, CommunicationCostsOnlyLengthenAStep) {
   }
 }
 
+TEST(ScheduleSimulate, PerActionCostsPlaceASlowFirstBackwardWhereItRan) {
+  // 1F1B on 2 stages: rank 1's forward of microbatch 2 waits for rank 0's F0:2, which runs after
+  // B0:0. A first backward d longer (it allocates the gradients) delays rank 1's finish by d;
+  // spreading d over the stage's mean B delays it by less, so per-stage means under-estimate the
+  // bubble. The benchmark's 1F1B gap to the measurement was exactly this.
+  const Schedule s = one_f_one_b(2, 8);
+  const Costs base = Costs::uniform(2, 1, 2, 0);
+  const double d = 4;
+  Costs slow = base;
+  slow.per_action[{Op::kBackward, 0, 0}] = 2 + d;
+  EXPECT_EQ(slow.of(Action{Op::kBackward, 0, 0}), 2 + d);
+  EXPECT_EQ(slow.of(Action{Op::kBackward, 0, 1}), 2);
+  EXPECT_EQ(slow.of(Action{Op::kForward, 1, 0}), 1);
+  Costs means = base;
+  means.backward = {2 + d / 8, 2};
+  const auto a = simulate(s, base), b = simulate(s, slow), c = simulate(s, means);
+  EXPECT_DOUBLE_EQ(b.finish[1], a.finish[1] + d);
+  EXPECT_DOUBLE_EQ(b.busy[0], c.busy[0]);  // the same work on rank 0
+  EXPECT_LT(c.finish[1], b.finish[1]);
+  EXPECT_GT(b.mean_own_bubble, c.mean_own_bubble + 0.01);
+
+  // measured_action_costs() reads each compute action's duration back: simulating with them
+  // replays the timeline, whatever the per-stage figures say.
+  Costs replay = Costs::uniform(2, 0, 0, 0);
+  replay.per_action = measured_action_costs(b.timeline);
+  EXPECT_EQ(replay.per_action.size(), 32u);  // F and B of 8 microbatches on 2 stages
+  EXPECT_EQ(replay.per_action.at({Op::kBackward, 0, 0}), 2 + d);
+  const auto r = simulate(s, replay);
+  ASSERT_EQ(r.timeline.size(), b.timeline.size());
+  for (size_t i = 0; i < r.timeline.size(); ++i) {
+    EXPECT_EQ(r.timeline[i].action, b.timeline[i].action);
+    EXPECT_DOUBLE_EQ(r.timeline[i].end, b.timeline[i].end);
+  }
+
+  Costs bad = base;
+  bad.per_action[{Op::kBackward, 0, 0}] = -1;
+  EXPECT_THROW(simulate(s, bad), ConfigError);
+  bad.per_action = {{{Op::kSendForward, 0, 0}, 1.0}};
+  EXPECT_THROW(simulate(s, bad), ConfigError);
+  bad.per_action = {{{Op::kForward, 2, 0}, 1.0}};
+  EXPECT_THROW(simulate(s, bad), ConfigError);
+}
+
 TEST(ScheduleSimulate, MeasuredCommCostsRecoverTheSimulatedTerms) {
   // A simulated run is a measured run with exact clocks: the fit gives back what went in, pooled
   // over several steps, as long as recv_overhead < send_latency (receives that wait then see the

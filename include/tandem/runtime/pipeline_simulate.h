@@ -18,16 +18,19 @@
 // interleaved with v chunks per rank (per-chunk costs 1/v) has (makespan - ideal) / ideal
 // = (p-1)/(v m); ZB-H1 (F = I = W = 1) has a third of 1F1B's bubble time at equal peak memory.
 //
-// Costs can be measured: PipelineParallel::measured_costs() for F/B/I/W per stage and
-// measured_comm_costs() on the gathered timelines for the communication terms; the exports then
-// show real durations. All pure C++, no torch. Errors: ConfigError for costs that do not fit the
+// Costs can be measured: PipelineParallel::measured_costs() for F/B/I/W per stage,
+// measured_comm_costs() on the gathered timelines for the communication terms and
+// measured_action_costs() for one step's own duration of each action; the exports then show real
+// durations. All pure C++, no torch. Errors: ConfigError for costs that do not fit the
 // schedule or are negative; ScheduleError (via validate) for a broken schedule.
 // Thread-safety: reentrant.
 #pragma once
 
 #include <tandem/runtime/pipeline_schedule.h>
 
+#include <map>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace tandem::pipeline {
@@ -47,10 +50,19 @@ struct Costs {
   // Full backward B; empty: I + W.
   std::vector<double> backward;
   CommCosts comm;
+  // Optional: seconds of single compute actions, keyed (op, stage, microbatch), each overriding
+  // its stage's figure above. A step's costs differ by microbatch: the first backward of a stage
+  // allocates the parameters' gradients (zero_grad() sets them to none) and can take twice as long
+  // as the others. Where that backward is on the critical path (1F1B: the next forward of the
+  // stage after it waits for it), per-stage means under-estimate the bubble; a step's own
+  // durations come from measured_action_costs().
+  std::map<std::tuple<Op, int, int>, double> per_action;
 
   // Every stage the same.
   static Costs uniform(int num_stages, double f, double i, double w, double latency = 0.0);
   double b(int stage) const;
+  // Seconds of compute action `a`: its per_action entry, else its stage's figure.
+  double of(const Action& a) const;
 };
 
 struct TimedAction {
@@ -91,6 +103,10 @@ std::vector<double> bubble_fractions(const std::vector<TimedAction>& timeline, i
 // ones (a thread that waits for a core) carry much of the time. A term without samples is 0.
 // Feed the result to Costs::comm to simulate a measured run.
 CommCosts measured_comm_costs(const std::vector<std::vector<TimedAction>>& timelines);
+
+// The duration of every compute action in one measured step's timeline, for Costs::per_action.
+std::map<std::tuple<Op, int, int>, double> measured_action_costs(
+    const std::vector<TimedAction>& timeline);
 
 // A picture a person reads: one row per rank, one box per compute action (F blue, B/I green,
 // W orange; label = microbatch), time axis in ms, title with name, makespan and bubble.
