@@ -1,5 +1,4 @@
-// Host memory for checkpoint data: the async writer's staging buffers and the tensors resume()
-// loads into. Not installed.
+// Host memory for the async writer's staging buffers, reused by every save. Not installed.
 //
 // Ownership: the returned tensor owns its memory (freed with the last reference).
 // Thread-safety: reentrant.

@@ -116,6 +116,12 @@ uint64_t decode_shard_header_length(const unsigned char prefix[8], uint64_t file
 
 ShardHeader parse_shard_header(std::string_view json, uint64_t file_size) {
   if (json.size() > kMaxShardHeaderBytes) corrupt("shard header too large");
+  // safetensors pads the header with spaces; anything else after the JSON is damage (the JSON
+  // parser would stop at a NUL there, and no checksum over the header is recomputed on load).
+  const size_t last = json.find_last_not_of(' ');
+  if (last == std::string_view::npos || json[last] != '}') {
+    corrupt("shard header does not end in '}' followed only by space padding");
+  }
   JsonLimits limits;
   limits.max_input_bytes = kMaxShardHeaderBytes;
   limits.max_depth = 8;

@@ -114,10 +114,10 @@ def read_manifest(step_dir, verify=None):
     return m
 
 
-def verify_shard(step_dir, step, file, verify=None, names=None):
-    """Checks one file of a committed step against `file`, its manifest record, as the C++ loader
-    does: present, size, header identical to the record (tensors and values), and when verifying
-    every tensor's and the file's XXH3. Returns (header, {name: bytes} of `names`, None: all)."""
+def verify_shard(step_dir, manifest, file, verify=None, names=None):
+    """Checks one file of a committed step against `file`, its record in `manifest`, as the C++
+    loader does: present, size, header identical to the record (step, rank, world size, tensors
+    and values), and when verifying every tensor's XXH3 and, beyond the C++ loader, the file's. Returns (header, {name: bytes} of `names`, None: all)."""
     path = os.path.join(step_dir, file["name"])
     hasher = _hasher(verify)
     with _open(path) as f:
@@ -134,9 +134,10 @@ def verify_shard(step_dir, step, file, verify=None, names=None):
             fail(path, "header is %d bytes, the manifest says %d" % (8 + n, file["header_bytes"]))
         head += f.read(n)
         h = parse_shard_header(head[8:], size, path)
-        if h["step"] != step or h["rank"] != file["rank"]:
-            fail(path, "header says step %d rank %d, the manifest says step %d rank %d" % (
-                h["step"], h["rank"], step, file["rank"]))
+        step, world = manifest["step"], manifest["world_size"]
+        if h["step"] != step or h["rank"] != file["rank"] or h["world_size"] != world:
+            fail(path, "header says step %d rank %d of %d, the manifest says step %d rank %d of %d" % (
+                h["step"], h["rank"], h["world_size"], step, file["rank"], world))
         if len(h["tensors"]) != len(file["tensors"]):
             fail(path, "header lists %d tensors, the manifest %d" % (len(h["tensors"]), len(file["tensors"])))
         for a, b in zip(h["tensors"], file["tensors"]):
@@ -158,7 +159,7 @@ def verify_step(step_dir, verify=True):
     if not any(f["rank"] == 0 for f in m["files"]):
         fail(os.path.join(step_dir, MANIFEST), "lists no file for rank 0")
     for f in m["files"]:
-        verify_shard(step_dir, m["step"], f, verify, names=())
+        verify_shard(step_dir, m, f, verify, names=())
     return m
 
 
@@ -230,7 +231,7 @@ def load_step(root, step=None, rank=0, verify=None, names=None, bf16_as_float32=
     files = [f for f in m["files"] if f["rank"] == rank]
     if not files:
         fail(os.path.join(step_dir, MANIFEST), "lists no file for rank %d" % rank)
-    h, data = verify_shard(step_dir, m["step"], files[0], verify, names)
+    h, data = verify_shard(step_dir, m, files[0], verify, names)
     return {"step": m["step"], "world_size": m["world_size"], "states": m["states"],
             "tensors": _arrays(h["tensors"], data, bf16_as_float32), "values": h["values"],
             "metadata": m["metadata"]}

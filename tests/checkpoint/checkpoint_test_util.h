@@ -198,7 +198,7 @@ inline void truncate_file(const std::string& path, size_t remove) {
 inline void verify_committed(const std::string& dir, int64_t step) {
   auto fs = posix_file_system();
   const Manifest m = detail::read_manifest(*fs, dir, step);
-  for (const auto& f : m.files) detail::verify_shard(*fs, dir, step, f, nullptr);
+  for (const auto& f : m.files) detail::verify_shard(*fs, dir, m, f, nullptr);
 }
 
 // POSIX, except that while blocked every append waits (to hold the async writer mid-save).

@@ -261,7 +261,7 @@ int64_t newest_valid(FileSystem& fs, const std::string& root, std::string* detai
       Step got;
       got.data.resize(3000);
       got.more.resize(77);
-      verify_shard(fs, root, step, m.files.at(0), [&](const TensorRecord& r) -> void* {
+      verify_shard(fs, root, m, m.files.at(0), [&](const TensorRecord& r) -> void* {
         return r.name == "m/data" ? static_cast<void*>(got.data.data()) : got.more.data();
       });
       const Step want = make_step(step);
@@ -364,7 +364,7 @@ TEST(CheckpointProtocol, CorruptionIsDetectedAndNamed) {
   };
   auto expect_error = [&](const std::string& needle) {
     try {
-      verify_shard(*fs, root, 10, m.files[0], nullptr);
+      verify_shard(*fs, root, m, m.files[0], nullptr);
       ADD_FAILURE() << "no error, expected one mentioning " << needle;
     } catch (const CheckpointError& e) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -377,7 +377,20 @@ TEST(CheckpointProtocol, CorruptionIsDetectedAndNamed) {
     const size_t at = rng() % b.size();
     b[at] = static_cast<char>(b[at] ^ (1 << (rng() % 8)));
     write(b);
-    EXPECT_THROW(verify_shard(*fs, root, 10, m.files[0], nullptr), CheckpointError) << "flip at " << at;
+    EXPECT_THROW(verify_shard(*fs, root, m, m.files[0], nullptr), CheckpointError) << "flip at " << at;
+  }
+  // Every bit of the header: verification does not recompute the whole-file checksum, so the
+  // field-by-field comparison with the manifest has to catch each of these on its own.
+  const size_t header = static_cast<size_t>(m.files[0].header_bytes);
+  ASSERT_LT(header, original.size());
+  for (size_t at = 0; at < header; ++at) {
+    for (int bit = 0; bit < 8; ++bit) {
+      std::string h = original;
+      h[at] = static_cast<char>(h[at] ^ (1 << bit));
+      write(h);
+      EXPECT_THROW(verify_shard(*fs, root, m, m.files[0], nullptr), CheckpointError)
+          << "flip of bit " << bit << " at header byte " << at;
+    }
   }
   std::string b = original;
   b[b.size() - 5] ^= 1;  // in the data
@@ -390,7 +403,7 @@ TEST(CheckpointProtocol, CorruptionIsDetectedAndNamed) {
   fs->remove_file(shard);
   expect_error("missing");
   write(original);
-  EXPECT_NO_THROW(verify_shard(*fs, root, 10, m.files[0], nullptr));
+  EXPECT_NO_THROW(verify_shard(*fs, root, m, m.files[0], nullptr));
   posix_file_system()->remove_all(root);
 }
 

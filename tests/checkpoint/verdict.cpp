@@ -29,7 +29,7 @@ void check_step(tandem::FileSystem& fs, std::string dir) {
   if (m.file_of_rank(0) == nullptr) {
     throw tandem::CheckpointError("'" + dir + "/manifest.json' lists no file for rank 0");
   }
-  for (const auto& f : m.files) tandem::detail::verify_shard(fs, root, step, f, nullptr);
+  for (const auto& f : m.files) tandem::detail::verify_shard(fs, root, m, f, nullptr);
 }
 
 void check_manifest(tandem::FileSystem& fs, const std::string& path) {
