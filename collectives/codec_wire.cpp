@@ -34,7 +34,9 @@ void narrow_into(at::Tensor low, const at::Tensor& high, int divisor) {
     if (divisor == 1) {
       low.copy_(high);
     } else {
-      at::div_out(low, high, divisor);
+      // Divided in high's precision, then rounded once: the bits of the CPU kernels. libtorch 2.x
+      // refuses div_out into a tensor of another dtype.
+      low.copy_(high / divisor);
     }
     return;
   }

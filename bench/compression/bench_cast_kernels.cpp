@@ -1,7 +1,7 @@
 // The float16 / bfloat16 kernels of the cast codecs on one 25 MiB float32 bucket
 // (DistributedDataParallel's default bucket size), one thread: each variant of
-// collectives/kernels/cast_kernels.h this CPU runs, against the ATen calls the codec used before
-// (at::div_out into a half tensor, copy_), and the half-precision sum of reduce_kernels.h against
+// collectives/kernels/cast_kernels.h this CPU runs, against the ATen calls the codec falls back to
+// (divide, then copy_ into a half tensor: libtorch 2.x refuses div_out across dtypes), and the half-precision sum of reduce_kernels.h against
 // the float32 one and the element-wise c10 loop it replaced. scripts/bench-compression runs it and
 // puts its JSON under "kernels".
 //   bench_cast_kernels [--rounds N] [--out FILE]
@@ -59,8 +59,8 @@ int main(int argc, char** argv) {
 
   // name -> what one repetition does
   std::vector<std::pair<std::string, std::function<void()>>> cases = {
-      {"aten/to_half_div2", [&] { at::div_out(half, x, 2); }},
-      {"aten/to_bf16_div2", [&] { at::div_out(bf16, x, 2); }},
+      {"aten/to_half_div2", [&] { half.copy_(x / 2); }},
+      {"aten/to_bf16_div2", [&] { bf16.copy_(x / 2); }},
       {"aten/to_half", [&] { half.copy_(x); }},
       {"aten/to_bf16", [&] { bf16.copy_(x); }},
       {"aten/from_half", [&] { y.copy_(half); }},

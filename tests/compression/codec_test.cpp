@@ -117,6 +117,22 @@ TEST(CastCodec, Fp16AndBf16AreExactToTheTargetPrecisionOverSharedMemoryAndTcp) {
   }
 }
 
+// A float64 bucket takes the generic ATen path (as CUDA buckets do): each rank's share is
+// divided in float64 and rounded once to the wire dtype, as on the kernel path.
+TEST(CastCodec, AFloat64BucketTakesTheGenericPathWithTheSameRounding) {
+  const int64_t n = numel_of(kShapes);
+  for (const auto& [name, dtype] : {std::pair{"fp16", at::kHalf}, std::pair{"bf16", at::kBFloat16}}) {
+    SCOPED_TRACE(name);
+    auto half_of = [&, dtype = dtype](int rank) {
+      return (grad_of(rank, 0, n, at::kDouble) / 2).to(dtype).to(at::kFloat);
+    };
+    const at::Tensor want = (half_of(0) + half_of(1)).to(dtype).to(at::kDouble);
+    const CodecRun run = run_codec(2, 1, kShapes, [&] { return make_codec(name); }, at::kDouble);
+    EXPECT_TRUE(at::equal(run.decoded[0][0], want));
+    expect_same_bits_on_every_rank(run);
+  }
+}
+
 TEST(CastCodec, AverageOfValuesNearTheFp16MaximumDoesNotOverflow) {
   run_ranks(2, [](Communicator& comm) {
     auto codec = make_codec("fp16");
