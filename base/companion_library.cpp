@@ -24,4 +24,31 @@ void* open_companion_library(const std::string& file_name, int flags, std::strin
   return nullptr;
 }
 
+void* cuda_companion_symbol(const char* symbol, std::string* why) {
+  struct Library {
+    void* handle = nullptr;
+    std::string error;
+  };
+  static const Library lib = [] {
+    Library l;
+#if defined(TANDEM_CUDA_LIBRARY)
+    l.handle = open_companion_library(TANDEM_CUDA_LIBRARY, RTLD_NOW | RTLD_GLOBAL, &l.error);
+    if (l.handle == nullptr) l.error += " (are the CUDA runtime and NCCL installed on this machine?)";
+#else
+    l.error = "this build of tandem has no CUDA part (configure it where the CUDA toolkit and NCCL "
+              "are installed)";
+#endif
+    return l;
+  }();
+  if (lib.handle == nullptr) {
+    if (why != nullptr) *why = lib.error;
+    return nullptr;
+  }
+  void* address = ::dlsym(lib.handle, symbol);
+  if (address == nullptr && why != nullptr) {
+    *why = "libtandem_cuda has no " + std::string(symbol) + " (a stale build?)";
+  }
+  return address;
+}
+
 }  // namespace tandem

@@ -7,46 +7,11 @@
 
 #include "base/companion_library.h"
 
-#include <dlfcn.h>
-
 namespace tandem {
-namespace {
-
-struct CudaLibrary {
-  void* handle = nullptr;
-  std::string error;
-};
-
-CudaLibrary load() {
-  CudaLibrary lib;
-#if defined(TANDEM_CUDA_LIBRARY)
-  lib.handle = open_companion_library(TANDEM_CUDA_LIBRARY, RTLD_NOW | RTLD_GLOBAL, &lib.error);
-  if (lib.handle == nullptr) {
-    lib.error += " (are the CUDA runtime and NCCL installed on this machine?)";
-  }
-#else
-  lib.error = "this build of tandem has no CUDA part (configure it where the CUDA toolkit and "
-              "NCCL are installed)";
-#endif
-  return lib;
-}
-
-void* cuda_library_symbol(const char* symbol, std::string* why) {
-  static const CudaLibrary lib = load();
-  if (lib.handle == nullptr) {
-    if (why != nullptr) *why = lib.error;
-    return nullptr;
-  }
-  void* address = ::dlsym(lib.handle, symbol);
-  if (address == nullptr && why != nullptr) *why = "libtandem_cuda has no " + std::string(symbol);
-  return address;
-}
-
-}  // namespace
 
 int cuda_device_count() {
   using Fn = int (*)();
-  auto fn = reinterpret_cast<Fn>(cuda_library_symbol("tandem_cuda_device_count", nullptr));
+  auto fn = reinterpret_cast<Fn>(cuda_companion_symbol("tandem_cuda_device_count", nullptr));
   return fn != nullptr ? fn() : 0;  // no CUDA part, runtime or driver: no device to use
 }
 
@@ -55,7 +20,7 @@ std::shared_ptr<Communicator> connect_nccl(const c10::intrusive_ptr<c10d::Store>
   using Fn = void (*)(const c10::intrusive_ptr<c10d::Store>&, int, int, const NcclOptions&,
                       std::shared_ptr<Communicator>&);
   std::string why;
-  auto fn = reinterpret_cast<Fn>(cuda_library_symbol("tandem_cuda_connect_nccl", &why));
+  auto fn = reinterpret_cast<Fn>(cuda_companion_symbol("tandem_cuda_connect_nccl", &why));
   if (fn == nullptr) {
     throw ConfigError("tandem: connect_nccl: " + why + "; use Gloo (--set comm.backend=gloo).");
   }

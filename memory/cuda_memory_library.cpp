@@ -4,8 +4,6 @@
 // names no CUDA library and loads on a machine without one.
 #include <tandem/memory/cuda_allocator.h>
 
-#include <dlfcn.h>
-
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -16,33 +14,6 @@
 
 namespace tandem::memory {
 namespace {
-
-struct CudaLibrary {
-  void* handle = nullptr;
-  std::string error;
-};
-
-CudaLibrary load() {
-  CudaLibrary lib;
-#if defined(TANDEM_CUDA_LIBRARY)
-  lib.handle = open_companion_library(TANDEM_CUDA_LIBRARY, RTLD_NOW | RTLD_GLOBAL, &lib.error);
-  if (lib.handle == nullptr) lib.error += " (are the CUDA runtime and NCCL installed on this machine?)";
-#else
-  lib.error = "this build of tandem has no CUDA part (configure it where the CUDA toolkit and NCCL are installed)";
-#endif
-  return lib;
-}
-
-void* symbol(const char* name, std::string* why) {
-  static const CudaLibrary lib = load();
-  if (lib.handle == nullptr) {
-    *why = lib.error;
-    return nullptr;
-  }
-  void* address = ::dlsym(lib.handle, name);
-  if (address == nullptr) *why = "libtandem_cuda has no " + std::string(name) + " (a stale build?)";
-  return address;
-}
 
 // Never destroyed: the stacks serve tensors until the very end of the process.
 struct Registry {
@@ -73,7 +44,7 @@ void report_live_at_exit() {
 bool cuda_allocator_available(std::string* why) {
   std::string reason;
   using Fn = int (*)();
-  auto count = reinterpret_cast<Fn>(symbol("tandem_cuda_memory_device_count", &reason));
+  auto count = reinterpret_cast<Fn>(tandem::cuda_companion_symbol("tandem_cuda_memory_device_count", &reason));
   if (count != nullptr && count() > 0) return true;
   if (count != nullptr) reason = "the CUDA runtime sees no device (no GPU, no driver, or CUDA_VISIBLE_DEVICES hides them)";
   if (why != nullptr) *why = reason;
@@ -83,7 +54,7 @@ bool cuda_allocator_available(std::string* why) {
 std::vector<std::shared_ptr<MemoryStack>> install_cuda_allocator(MemoryStackOptions options) {
   using Fn = void (*)(const MemoryStackOptions&, std::vector<std::shared_ptr<MemoryStack>>&);
   std::string why;
-  auto install = reinterpret_cast<Fn>(symbol("tandem_cuda_install_allocator", &why));
+  auto install = reinterpret_cast<Fn>(tandem::cuda_companion_symbol("tandem_cuda_install_allocator", &why));
   if (install == nullptr)
     throw ConfigError("tandem: install_cuda_allocator: " + why + "; without it libtorch keeps its own CUDA allocator.");
   Registry& r = registry();
