@@ -36,7 +36,7 @@ void narrow_into(at::Tensor low, const at::Tensor& high, int divisor) {
     } else {
       // Divided in high's precision, then rounded once: the bits of the CPU kernels. libtorch 2.x
       // refuses div_out into a tensor of another dtype.
-      low.copy_(high / divisor);
+      low.copy_(at::div(high, divisor));
     }
     return;
   }
