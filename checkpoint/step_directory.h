@@ -91,17 +91,18 @@ Manifest commit_step(FileSystem& fs, const std::string& root, int64_t step, int 
 // Reads and verifies <dir>/manifest.json (checksum, structure, step matches the name).
 Manifest read_manifest(FileSystem& fs, const std::string& root, int64_t step);
 
-// Reads shard `file` of a committed step, verifying it against the step's `manifest`. `destination(record)`
-// returns where the tensor's bytes go (record.nbytes() writable bytes), or nullptr to read and
-// verify without keeping them. Throws CheckpointError naming the file and the reason.
+// Reads shard `file` of a committed step, verifying it against the step's `manifest`.
+// `destination(record)` returns where the tensor's bytes go (record.nbytes() writable bytes), or
+// nullptr to read and verify without keeping them. Throws CheckpointError naming the file and
+// the reason.
 using DestinationFn = std::function<void*(const TensorRecord&)>;
 // Every byte is covered without the whole-file checksum, which is not recomputed: the header is
 // compared with the manifest's records and values, the tensors must tile the data to the end of
 // the file, and each tensor's XXH3 is checked. With `only_destined`, tensors without a
 // destination are not read (nor checked).
 void verify_shard(FileSystem& fs, const std::string& root, const Manifest& manifest,
-                  const ManifestFile& file,
-                  const DestinationFn& destination, bool only_destined = false);
+                  const ManifestFile& file, const DestinationFn& destination,
+                  bool only_destined = false);
 
 // The steps under `root`: committed ones (named step_N and holding manifest.json), newest first,
 // and the step-like entries that are not committed with the reason (for warnings).
