@@ -17,6 +17,17 @@ import tempfile
 import time
 
 bench, tandemrun, repo = (os.environ[k] for k in ("PRB_BENCH", "PRB_TANDEMRUN", "PRB_REPO"))
+
+
+def source_revision():
+    """The commit measured, read before the run: a figure is quotable only from a committed tree."""
+    def git(*args):
+        return subprocess.run(["git", "-C", repo] + list(args), stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, text=True).stdout.strip()
+    return {"commit": git("rev-parse", "HEAD"),
+            "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no"))}
+
+
 python = os.environ.get("PRB_PYTHON") or sys.executable
 quick = os.environ["PRB_QUICK"] == "1"
 command = os.environ["PRB_COMMAND"]
@@ -71,6 +82,7 @@ def run(name, out):
 
 def main():
     start = time.time()
+    source = source_revision()
     names = list(MODES) + ["pytorch_" + m for m in PYTORCH_MODES]
     runs = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,7 +159,7 @@ def main():
     flags = cpu_flags()
     bf16_hw = sorted(f for f in ("avx512_bf16", "amx_bf16", "avx512f") if f in flags)
     doc = {
-        "command": command, "quick": quick, "rounds": rounds, "warmup_steps": warmup, "timed_steps": steps,
+        "command": command, "source": source, "quick": quick, "rounds": rounds, "warmup_steps": warmup, "timed_steps": steps,
         "setup": "W1 of scripts/bench-data-parallel (MLP 1024 -> 4x2048 ReLU -> 1024, 16.8 M parameters), "
                  "batch 32 per rank, MSE in fp32, AdamW lr 1e-3 on fp32 parameters or fp32 masters, "
                  "2 ranks (tandemrun --standalone --nproc-per-node 2) x 1 compute thread; step = zero_grad + "
