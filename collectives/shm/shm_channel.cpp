@@ -2,6 +2,7 @@
 
 #include "collectives/async_work.h"
 #include "collectives/gloo/gloo_store_adapter.h"
+#include "collectives/shm/peer_memory.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>
@@ -26,7 +27,7 @@ namespace tandem::detail {
 
 
 constexpr uint64_t kMagic = 0x6d68732d6d646e74ULL;  // "tndm-shm"
-constexpr uint32_t kVersion = 2;  // 2: op kinds beyond allreduce
+constexpr uint32_t kVersion = 3;  // 2: op kinds beyond allreduce; 3: OpRecord::source
 
 static_assert(std::atomic<uint32_t>::is_always_lock_free, "shared-memory sync needs lock-free u32");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared-memory sync needs lock-free u64");
@@ -62,6 +63,7 @@ struct OpRecord {
   int32_t reduce;
   uint64_t seq;
   uint64_t bytes;
+  uint64_t source;  // address of the rank's input in its own process, for read_peer()
 };
 
 // Written only by its rank. An op's identity goes into op[first step % 2], plain: written before
@@ -167,13 +169,15 @@ size_t ShmChannel::segment_bytes(int size, size_t slot_bytes) {
 }
 
 ShmChannel::ShmChannel(ShmSegment segment, int rank, int size, size_t slot_bytes,
-                       std::vector<int> world_ranks, std::chrono::milliseconds timeout)
+                       std::vector<int> world_ranks, std::chrono::milliseconds timeout,
+                       std::vector<int> peer_pids)
     : segment_(std::move(segment)),
       rank_(rank),
       size_(size),
       slot_bytes_(slot_bytes),
       world_ranks_(std::move(world_ranks)),
-      timeout_(timeout) {
+      timeout_(timeout),
+      peer_pids_(std::move(peer_pids)) {
   char* base = static_cast<char*>(segment_.data());
   header_ = reinterpret_cast<Header*>(base);
   ranks_ = reinterpret_cast<RankBlock*>(base + kRanksOffset);
@@ -284,7 +288,18 @@ void ShmChannel::begin_op(const ShmOpIdentity& op) {
   op_name_ = kind_name(op.kind);
   op_parity_ = static_cast<int>((step_ + 1) & 1);
   ranks_[rank_].op[op_parity_] = OpRecord{op.kind, static_cast<int32_t>(op.dtype), op.reduce,
-                                          op.seq, op.bytes};
+                                          op.seq, op.bytes,
+                                          reinterpret_cast<uintptr_t>(op.source)};
+}
+
+void ShmChannel::read_peer(int q, void* to, size_t bytes) {
+  try {
+    read_peer_memory(peer_pids_.at(static_cast<size_t>(q)), ranks_[q].op[op_parity_].source, to,
+                     bytes, rank_name(q));
+  } catch (...) {
+    abort();  // the peers wait for this rank to finish: fail them now, not at the timeout
+    throw;
+  }
 }
 
 void ShmChannel::arrive(uint64_t s, uint64_t segment, uint64_t segments) {
@@ -418,8 +433,30 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
     all_ok = false;
   }
   if (!all_ok) return nullptr;
+
+  // 4. Can every rank read every peer's memory? Then all-gathers copy once (peer_memory.h). The
+  // probe word stays alive until every rank has given its verdict.
+  const PeerReadProbe probe;
+  set("probe" + std::to_string(rank), options.shared_memory_peer_reads ? probe.published() : "off");
+  wait_all("probe");
+  std::vector<int> pids(size);
+  std::string verdict = "1";
+  for (int q = 0; q < size; ++q) {
+    const std::string published = get("probe" + std::to_string(q));
+    if (published == "off") {
+      verdict = "0";
+    } else {
+      pids[q] = std::stoi(published);
+      if (q != rank && !PeerReadProbe::can_read(published)) verdict = "0";
+    }
+  }
+  set("reads" + std::to_string(rank), verdict);
+  wait_all("reads");
+  for (int q = 0; q < size; ++q) {
+    if (get("reads" + std::to_string(q)) != "1") pids.clear();
+  }
   return std::make_unique<ShmChannel>(std::move(segment), rank, size, slot_bytes, world_ranks,
-                                      options.timeout);
+                                      options.timeout, std::move(pids));
 }
 
 }  // namespace tandem::detail

@@ -5,6 +5,9 @@
 // host identity (host name + kernel boot id, or "off" when GlooOptions::shared_memory is false)
 // under the communicator's store prefix; when all are equal and none is "off", rank 0 creates one
 // shared segment, the others map it, and the name is unlinked as soon as everyone has mapped it.
+// Then each rank probes whether it can read every peer's memory (peer_memory.h); only when all can
+// (and GlooOptions::shared_memory_peer_reads is true everywhere) does the channel offer
+// read_peer(), which the all-gather uses to copy each element once.
 // Any failure on any rank (different hosts, no shared /dev/shm, /dev/shm full) makes every rank
 // return nullptr: the caller keeps using Gloo, and all ranks agree because the decision is read
 // from the same store keys. When the hosts match but the segment cannot be created or mapped,
@@ -14,7 +17,8 @@
 //   Header     magic, geometry, the futex word `epoch`, the sleeper count, the abort word (who
 //              stopped the communicator and why: abort() or mismatched collectives)
 //   RankBlock  one per rank, 128-byte aligned: `progress` (the rank's step counter) and the
-//              identity of its current op (kind, sequence number, bytes, dtype, reduce op)
+//              identity of its current op (kind, sequence number, bytes, dtype, reduce op), with
+//              the address of its input where peers read it directly
 //   data       2 buffers x (size slots + 1 result area), each `slot_bytes`
 //
 // Steps: every op is cut into steps; step s (numbered across ops, the same on every rank) uses
@@ -59,12 +63,15 @@ struct ShmOpIdentity {
   uint64_t bytes;  // on the wire, per rank
   at::ScalarType dtype;
   int32_t reduce;
+  const void* source = nullptr;  // where peers read this rank's input (read_peer); not compared
 };
 
 class ShmChannel {
  public:
+  // `peer_pids`: every rank's process id when this rank may read each peer's memory, else empty.
   ShmChannel(ShmSegment segment, int rank, int size, size_t slot_bytes,
-             std::vector<int> world_ranks, std::chrono::milliseconds timeout);
+             std::vector<int> world_ranks, std::chrono::milliseconds timeout,
+             std::vector<int> peer_pids = {});
   // Tells the peers this rank left (a peer still waiting on it fails at once) and unmaps.
   ~ShmChannel();
   ShmChannel(const ShmChannel&) = delete;
@@ -86,6 +93,13 @@ class ShmChannel {
   void arrive(uint64_t s, uint64_t segment, uint64_t segments);
   // Publishes "done with step s"; with `wait`, also waits until every rank is.
   void done(uint64_t s, bool wait, uint64_t segment, uint64_t segments);
+
+  // Whether read_peer() works: every rank can read every peer's memory (decided at connect).
+  bool reads_peers() const { return !peer_pids_.empty(); }
+  // Copies `bytes` from the `source` that rank `q` gave its op in flight into `to`; only after
+  // arrive() on the op's first step, and only while q has not published "done" for it. On
+  // failure stops the communicator on every rank and throws (peer_memory.h).
+  void read_peer(int q, void* to, size_t bytes);
 
   // Any thread, any time: fails the in-flight and every later op on every rank.
   void abort();
@@ -109,6 +123,7 @@ class ShmChannel {
   const size_t slot_bytes_;
   const std::vector<int> world_ranks_;
   const std::chrono::milliseconds timeout_;
+  const std::vector<int> peer_pids_;
   Header* header_;
   RankBlock* ranks_;
   char* data_;

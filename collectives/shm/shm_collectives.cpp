@@ -15,6 +15,10 @@ namespace {
 
 constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+// From this many bytes per rank an all-gather reads the peers' inputs directly: below it the
+// system call and the extra wait for the peers cost more than the copy they save.
+constexpr size_t kPeerReadMinBytes = 64 << 10;
+
 // One channel step of an op: elements [first, first + n) of what the op moves per rank.
 struct Segment {
   uint64_t step;
@@ -179,11 +183,33 @@ void ShmCollectives::allgather(const at::Tensor& output, const at::Tensor& input
   const int rank = ch.rank();
   const size_t es = input.element_size();
   const size_t m = static_cast<size_t>(input.numel());
+  const char* in = static_cast<const char*>(input.data_ptr());
+  char* const out = static_cast<char*>(output.data_ptr());
+  // Every rank takes the same path: `m * es` is the same everywhere (arrive() checks it).
+  if (ch.reads_peers() && m * es >= kPeerReadMinBytes) {
+    const size_t bytes = m * es;
+    char* const ours = out + rank * bytes;
+    // Peers read our input while we write our output: an input that overlaps the output (other
+    // than as exactly our own chunk) is read from a private copy.
+    at::Tensor staged;
+    if (in != ours && in < out + size * bytes && out < in + bytes) {
+      staged = input.clone();
+      in = static_cast<const char*>(staged.data_ptr());
+    }
+    ch.begin_op({ShmOpIdentity::kAllgather, op_seq, bytes, input.scalar_type(), -1, in});
+    const uint64_t s = ch.next_step();
+    ch.arrive(s, 1, 1);
+    for (int q = 0; q < size; ++q) {
+      if (q != rank) ch.read_peer(q, out + q * bytes, bytes);
+    }
+    if (ours != in) std::memcpy(ours, in, bytes);
+    // Our input must stay as it is until every peer has read it.
+    ch.done(s, /*wait=*/true, 1, 1);
+    return;
+  }
+
   ch.begin_op({ShmOpIdentity::kAllgather, op_seq, m * es, input.scalar_type(), -1});
   if (m == 0) return;
-
-  const char* const in = static_cast<const char*>(input.data_ptr());
-  char* const out = static_cast<char*>(output.data_ptr());
   for_each_segment(ch, m, ch.slot_bytes() / es, [&](const Segment& g) {
     const size_t first = g.first, n = g.n;
     std::memcpy(ch.slot(g.buffer, rank), in + first * es, n * es);

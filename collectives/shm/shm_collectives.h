@@ -11,10 +11,15 @@
 //                  output chunk into theirs and arrives; then reduces its own output chunk over
 //                  ranks 0..size-1, in that order, straight into its output, and is done.
 //   allgather      rank r copies its input segment into its slot and arrives; then copies every
-//                  rank's slot (its own from its input) into its output, and is done.
+//                  rank's slot (its own from its input) into its output, and is done. From
+//                  64 KiB per rank, when the channel reads_peers(), in one step instead: rank r
+//                  publishes its input's address and arrives, reads each peer's input straight
+//                  into its output (one copy, not two), and waits until every rank is done
+//                  reading its input before returning.
 // Every element is reduced by exactly one rank, in rank order: all ranks hold the same bits, and
-// the reduce-scatter's chunks are bitwise the allreduce's. The reduce-scatter and the all-gather
-// end without waiting for the peers (the next op's first write goes to the other buffer).
+// the reduce-scatter's chunks are bitwise the allreduce's. The reduce-scatter and the slot path
+// of the all-gather end without waiting for the peers (the next op's first write goes to the
+// other buffer).
 // allreduce_narrowed() runs the allreduce on a float32 tensor whose values travel as float16 or
 // bfloat16: the copy in narrows, the rank's own chunk is narrowed into its slot, the copy out
 // widens.

@@ -131,15 +131,17 @@ std::string make_temp_dir() {
 }
 
 // Worker "loop": allreduces 16 MiB (16 pipeline steps) until the test stops or kills the peer;
-// prints what it caught.
-int worker_loop(Communicator& comm) {
+// prints what it caught. Worker "gather_loop": the same with all-gathers of 8 MiB per rank (the
+// one-copy path, which reads the peer's memory, where the processes may).
+int worker_loop(Communicator& comm, bool gather) {
   auto t = at::ones({(16 << 20) / 4});
+  auto piece = at::ones({(8 << 20) / 4});
   const auto deadline = Clock::now() + 60s;
   Clock::time_point start;
   try {
     for (int i = 0; Clock::now() < deadline; ++i) {
       start = Clock::now();
-      comm.allreduce(t)->wait();
+      (gather ? comm.allgather(t, piece) : comm.allreduce(t))->wait();
       if (i == 0) {
         std::printf("RUNNING\n");
         std::fflush(stdout);
@@ -166,8 +168,9 @@ double process_cpu_seconds() {
 // (shared_memory = false) and shared memory, alternating, five rounds; rank 0 prints the median
 // and best wall time per op (the slower rank's) and the median CPU time per op and rank (all
 // threads of the process). A size is the whole tensor: the allreduce's, the reduce-scatter's
-// input, the all-gather's output.
-int worker_bench(Communicator& shm, Communicator& tcp) {
+// input, the all-gather's output. All-gathers also run through shared memory with peer reads off
+// ("shm2": two copies per element, through the segment).
+int worker_bench(Communicator& shm, Communicator& tcp, Communicator& shm2) {
   struct Size {
     int64_t bytes;
     int iterations;
@@ -192,7 +195,9 @@ int worker_bench(Communicator& shm, Communicator& tcp) {
         {"allgather", (p - 1) / p, [&](Communicator& c) { return c.allgather(whole, part); }},
     };
     for (const Op& op : ops) {
-      for (Communicator* comm : {&tcp, &shm}) {
+      std::vector<Communicator*> comms = {&tcp, &shm};
+      if (std::string(op.name) == "allgather") comms.push_back(&shm2);
+      for (Communicator* comm : comms) {
         std::vector<double> wall, cpu;
         for (int round = 0; round < 5; ++round) {
           op.run(*comm)->wait();  // warm-up
@@ -208,9 +213,9 @@ int worker_bench(Communicator& shm, Communicator& tcp) {
         std::sort(wall.begin(), wall.end());
         std::sort(cpu.begin(), cpu.end());
         if (comm->rank() == 0) {
-          std::printf("BENCH %-14s %-4s %9.0f KiB: median %8.3f ms (best %8.3f)  bus bandwidth "
+          std::printf("BENCH %-14s %-5s %9.0f KiB: median %8.3f ms (best %8.3f)  bus bandwidth "
                       "%6.2f GB/s (best %6.2f)  CPU %8.3f ms/op/rank\n",
-                      op.name, comm == &shm ? "shm" : "tcp", size.bytes / 1024.0, wall[2] * 1e3,
+                      op.name, comm == &shm ? "shm" : comm == &tcp ? "tcp" : "shm2", size.bytes / 1024.0, wall[2] * 1e3,
                       wall[0] * 1e3, size.bytes * op.traffic / wall[2] / 1e9,
                       size.bytes * op.traffic / wall[0] / 1e9, cpu[2] * 1e3);
           std::fflush(stdout);
@@ -245,9 +250,13 @@ TEST(ShmAllreduceWorker, RunsTheRoleFromTheEnvironment) {
     if (std::string(role) == "bench") {
       GlooOptions tcp = tcp_options();
       tcp.timeout = timeout;
-      rc = worker_bench(*comm, *connect_gloo(store, rank, 2, tcp));
+      GlooOptions two_copies = shm_options(1 << 20, timeout);
+      two_copies.shared_memory_peer_reads = false;
+      two_copies.store_prefix = "shm2";
+      rc = worker_bench(*comm, *connect_gloo(store, rank, 2, tcp),
+                        *connect_gloo(store, rank, 2, two_copies));
     } else {
-      rc = worker_loop(*comm);
+      rc = worker_loop(*comm, std::string(role) == "gather_loop");
     }
   }
   std::fflush(stdout);
@@ -259,12 +268,13 @@ struct ProcessCase {
   int signal;      // SIGKILL or SIGSTOP
   const char* timeout_ms;
   const char* caught;
+  const char* role = "loop";  // or "gather_loop"
 };
 
 void run_process_case(const ProcessCase& c) {
   const std::string dir = make_temp_dir();
-  auto r0 = spawn_worker(dir, 0, "loop", c.timeout_ms);
-  auto r1 = spawn_worker(dir, 1, "loop", c.timeout_ms);
+  auto r0 = spawn_worker(dir, 0, c.role, c.timeout_ms);
+  auto r1 = spawn_worker(dir, 1, c.role, c.timeout_ms);
   Worker* workers[2] = {r0.get(), r1.get()};
   for (Worker* w : workers) {
     ASSERT_TRUE(w->wait_for_output("RUNNING", 40s)) << w->output();
@@ -283,7 +293,8 @@ void run_process_case(const ProcessCase& c) {
   const std::string out = survivor->output();
   EXPECT_TRUE(WIFEXITED(survivor->status) && WEXITSTATUS(survivor->status) == 0) << out;
   EXPECT_NE(out.find(c.caught), std::string::npos) << out;
-  EXPECT_NE(out.find("allreduce #"), std::string::npos) << out;
+  const std::string op = std::string(c.role) == "loop" ? "allreduce #" : "allgather #";
+  EXPECT_NE(out.find(op), std::string::npos) << out;
   EXPECT_LT(took, 20.0) << out;
   // Nothing left in /dev/shm by the creator (rank 0), whichever rank died.
   EXPECT_EQ(shm_files_of(r0->pid), 0);
@@ -303,6 +314,14 @@ TEST(ShmAllreduceProcesses, CreatorKilledMidAllreduceRaisesCommError) {
 
 TEST(ShmAllreduceProcesses, PeerStoppedMidAllreduceRaisesTimeoutError) {
   run_process_case({1, SIGSTOP, "2000", "CAUGHT TimeoutError"});
+}
+
+TEST(ShmAllreduceProcesses, PeerKilledMidAllgatherRaisesCommErrorLongBeforeTheTimeout) {
+  run_process_case({1, SIGKILL, "30000", "CAUGHT CommError", "gather_loop"});
+}
+
+TEST(ShmAllreduceProcesses, PeerStoppedMidAllgatherRaisesTimeoutError) {
+  run_process_case({1, SIGSTOP, "2000", "CAUGHT TimeoutError", "gather_loop"});
 }
 
 bool shm_name_exists(const std::string& name) { return ::access(("/dev/shm" + name).c_str(), F_OK) == 0; }
