@@ -12,7 +12,7 @@
 //                  ranks 0..size-1, in that order, straight into its output, and is done.
 //   allgather      rank r copies its input segment into its slot and arrives; then copies every
 //                  rank's slot (its own from its input) into its output, and is done. From
-//                  64 KiB per rank, when the channel reads_peers(), in one step instead: rank r
+//                  1 MiB per rank, when the channel reads_peers(), in one step instead: rank r
 //                  publishes its input's address and arrives, reads each peer's input straight
 //                  into its output (one copy, not two), and waits until every rank is done
 //                  reading its input before returning.

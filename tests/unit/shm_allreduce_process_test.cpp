@@ -175,7 +175,7 @@ int worker_bench(Communicator& shm, Communicator& tcp, Communicator& shm2) {
     int64_t bytes;
     int iterations;
   };
-  const Size sizes[] = {{4 << 10, 2000}, {1 << 20, 200}, {16 << 20, 30}, {64 << 20, 10}};
+  const Size sizes[] = {{4 << 10, 2000}, {1 << 20, 200}, {4 << 20, 100}, {16 << 20, 30}, {64 << 20, 10}};
   const double p = shm.size();
   for (const Size& size : sizes) {
     const int64_t n = size.bytes / 4;

@@ -100,7 +100,7 @@ TEST(ShmPeerReads, TheChannelOffersPeerReadsOnlyWhenEveryRankWantsThem) {
 
 class ShmPeerReadAllgather : public ::testing::TestWithParam<int> {};
 
-// Bytes per rank just below, at and well above the 64 KiB threshold, every dtype: the one-copy
+// Bytes per rank just below, at and well above the 1 MiB threshold, every dtype: the one-copy
 // path and the two-copy path give every rank's input in rank order, bitwise.
 TEST_P(ShmPeerReadAllgather, EqualsTheTwoCopyPathBitwise) {
   const int world = GetParam();
@@ -112,7 +112,7 @@ TEST_P(ShmPeerReadAllgather, EqualsTheTwoCopyPathBitwise) {
     auto two = connect_gloo(store, rank, world, o);
     for (auto dtype : testing::kAllDtypes) {
       const int64_t es = c10::elementSize(dtype);
-      for (int64_t bytes : {(64 << 10) - 64, 64 << 10, 600 << 10}) {
+      for (int64_t bytes : {(1 << 20) - 64, 1 << 20, 3 << 20}) {
         const int64_t n = bytes / es + 3;  // not a multiple of anything
         const auto piece = input_for(rank, n, dtype, ReduceOp::kSum);
         auto a = at::full({world * n}, 77, dtype);
@@ -137,7 +137,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmPeerReadAllgather, ::testing::Values(2, 
 // on every rank (overwritten by this rank while the peers still read it: read from a copy).
 TEST(ShmPeerReadAllgatherAliasing, InputsInsideTheOutput) {
   const int world = 3;
-  const int64_t n = 100000;  // 400 KB per rank: the one-copy path
+  const int64_t n = 300000;  // 1.2 MB per rank: the one-copy path
   run_threads(world, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
     auto comm = connect_gloo(store, rank, world, shm_options());
     auto value = [](int r) { return at::arange(n, at::kFloat) * 0.5f + r; };

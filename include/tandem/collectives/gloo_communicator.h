@@ -81,7 +81,7 @@ struct GlooOptions {
   // in /dev/shm for the communicator's lifetime (6 MiB for 2 ranks at the default). Rank 0's
   // value is used.
   size_t shared_memory_slot_bytes = 1 << 20;
-  // A shared-memory all-gather of at least 64 KiB per rank reads each peer's input straight into
+  // A shared-memory all-gather of at least 1 MiB per rank reads each peer's input straight into
   // the output (process_vm_readv: one copy instead of two through the segment), when every rank
   // may read every peer's memory (same user, no Yama ptrace restriction between siblings, no
   // seccomp filter against the call; probed at connect). False on any rank: two copies.
