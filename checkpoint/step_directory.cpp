@@ -375,8 +375,12 @@ StepListing list_steps(FileSystem& fs, const std::string& root) {
 
 std::vector<std::string> remove_old_steps(FileSystem& fs, const std::string& root, int keep_last,
                                           int64_t newest_committed) {
-  std::vector<std::string> removed;
-  if (!fs.is_directory(root)) return removed;
+  retire_old_steps(fs, root, keep_last);
+  return remove_retired_steps(fs, root, newest_committed);
+}
+
+void retire_old_steps(FileSystem& fs, const std::string& root, int keep_last) {
+  if (!fs.is_directory(root)) return;
   const StepListing listing = list_steps(fs, root);
   bool renamed = false;
   if (keep_last > 0) {
@@ -389,6 +393,12 @@ std::vector<std::string> remove_old_steps(FileSystem& fs, const std::string& roo
     }
   }
   if (renamed) fs.sync_dir(root);
+}
+
+std::vector<std::string> remove_retired_steps(FileSystem& fs, const std::string& root,
+                                              int64_t newest_committed) {
+  std::vector<std::string> removed;
+  if (!fs.is_directory(root)) return removed;
   for (const auto& name : fs.list_dir(root)) {
     const std::string path = join_path(root, name);
     const int64_t staged = parse_suffixed(name, kStagingSuffix);

@@ -114,8 +114,15 @@ StepListing list_steps(FileSystem& fs, const std::string& root);
 
 // Removes committed steps older than the newest `keep_last` (0 keeps all), leftovers of interrupted
 // deletions (.deleting, .old), and staging directories of steps older than `newest_committed`.
-// Returns the paths removed.
+// Returns the paths removed. The two phases below, one after the other.
 std::vector<std::string> remove_old_steps(FileSystem& fs, const std::string& root, int keep_last,
                                           int64_t newest_committed);
+// Phase 1, quick: un-commits the steps older than the newest `keep_last` (renamed to .deleting,
+// then the root fsynced), so that no listing or resume sees them any more.
+void retire_old_steps(FileSystem& fs, const std::string& root, int keep_last);
+// Phase 2, the slow part (unlinking the files): removes .deleting and .old directories and
+// staging directories of steps older than `newest_committed`. Returns the paths removed.
+std::vector<std::string> remove_retired_steps(FileSystem& fs, const std::string& root,
+                                              int64_t newest_committed);
 
 }  // namespace tandem::detail

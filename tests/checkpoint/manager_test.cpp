@@ -535,6 +535,23 @@ TEST(CheckpointManager, UnsupportedOptimizerNamesTheSupportedOnes) {
   }
 }
 
+// A sync save un-commits the steps beyond keep_last before it returns and leaves unlinking their
+// files to the writer thread; wait() (like the next save or resume) waits for that too.
+TEST(CheckpointManager, ASyncSaveRetiresOldStepsAtOnceAndUnlinksThemOnTheWriter) {
+  TempDir dir("retire");
+  auto net = std::make_shared<Net>();
+  CheckpointManagerOptions o = options(dir.path, /*async=*/false);
+  o.keep_last = 1;
+  CheckpointManager m(o);
+  m.add_module("model", net);
+  m.save(1);
+  m.save(2);
+  EXPECT_EQ(m.committed_steps(), (std::vector<int64_t>{2}));
+  EXPECT_FALSE(posix_file_system()->exists(dir.path + "/step_0000000001"));
+  m.wait();
+  EXPECT_EQ(posix_file_system()->list_dir(dir.path), (std::vector<std::string>{"step_0000000002"}));
+}
+
 TEST(CheckpointManager, KeepsTheLastK) {
   TempDir dir("keep");
   auto net = std::make_shared<Net>();

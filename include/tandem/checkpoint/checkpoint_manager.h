@@ -99,7 +99,8 @@ struct CheckpointManagerOptions {
   std::string directory;
   // maybe_save(step) saves when step > 0 and step % every_n_steps == 0 (0: maybe_save never saves).
   int64_t every_n_steps = 0;
-  // Committed checkpoints kept; older ones are removed after each commit (0: keep all).
+  // Committed checkpoints kept; older ones are removed after each commit (0: keep all). A sync
+  // save un-commits them before it returns and leaves unlinking their files to the writer thread.
   int keep_last = 3;
   // Background writer (true) or write-and-commit inside save() (false).
   bool async = true;
