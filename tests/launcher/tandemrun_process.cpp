@@ -228,6 +228,14 @@ std::map<int, pid_t> summary_pids(const std::string& err) {
   return pids;
 }
 
+std::string flight_dump_dir(const std::string& err) {
+  const std::string key = "dumped their recent collectives to ";
+  const auto at = err.find(key);
+  if (at == std::string::npos) return "";
+  const auto begin = at + key.size();
+  return err.substr(begin, err.find(';', begin) - begin);
+}
+
 bool wait_until_gone(pid_t pid, std::chrono::milliseconds timeout) {
   const auto end = Clock::now() + timeout;
   for (;;) {

@@ -95,6 +95,8 @@ std::size_t count_occurrences(const std::string& text, const std::string& needle
 std::map<int, pid_t> ready_pids(const std::string& out);
 // rank -> pid from the summary lines "rank R (pid P) ...".
 std::map<int, pid_t> summary_pids(const std::string& err);
+// The directory tandemrun names in its "flight recorder: ... to DIR;" line, or "".
+std::string flight_dump_dir(const std::string& err);
 
 // True when `pid` no longer runs (absent, or a zombie) within `timeout`. Reaps it if it is our
 // child (the SIGKILL test makes the test process a subreaper).

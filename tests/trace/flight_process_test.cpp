@@ -32,21 +32,12 @@ RunResult run(const std::string& mode, const std::string& log_dir, int world = 3
                                       clean_env(), 60s);
 }
 
-// The directory tandemrun names in its "flight recorder: ... to DIR;" line.
-std::string dump_dir(const RunResult& r) {
-  const std::string key = "dumped their recent collectives to ";
-  const auto at = r.err.find(key);
-  if (at == std::string::npos) return "";
-  const auto begin = at + key.size();
-  return r.err.substr(begin, r.err.find(';', begin) - begin);
-}
-
 TEST(FlightRecorder, ARankThatStoppedIssuingIsNamedWithTheCollectiveItNeverIssued) {
   TempDir logs("flight-test");
   const RunResult r = run("behind", logs.path);
   ASSERT_TRUE(r.exited) << r.out << r.err;
   EXPECT_NE(r.exit_code, 0);
-  const std::string dir = dump_dir(r);
+  const std::string dir = launcher_test::flight_dump_dir(r.err);
   ASSERT_FALSE(dir.empty()) << "tandemrun did not say where the dumps are\n" << r.err;
   EXPECT_NE(r.err.find("tandem-trace flight " + dir), std::string::npos) << r.err;
   const auto dumps = trace::read_flight_dir(dir);
@@ -68,7 +59,7 @@ TEST(FlightRecorder, TheFirstCollectiveWhereTheRanksDisagreeIsNamed) {
   TempDir logs("flight-test");
   const RunResult r = run("mismatch", logs.path, 2);
   ASSERT_TRUE(r.exited) << r.out << r.err;
-  const std::string dir = dump_dir(r);
+  const std::string dir = launcher_test::flight_dump_dir(r.err);
   ASSERT_FALSE(dir.empty()) << r.err;
   const std::string report = trace::format_flight_report(trace::analyze_flight(trace::read_flight_dir(dir)));
   EXPECT_NE(report.find("first disagreement: collective #5 on ranks [0, 1]: rank 0 issued allreduce (sum, 84 B "

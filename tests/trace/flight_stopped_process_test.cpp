@@ -18,15 +18,6 @@ using launcher_test::RunResult;
 using launcher_test::TempDir;
 using namespace std::chrono_literals;
 
-// The directory tandemrun names in its "flight recorder: ... to DIR;" line.
-std::string dump_dir(const RunResult& r) {
-  const std::string key = "dumped their recent collectives to ";
-  const auto at = r.err.find(key);
-  if (at == std::string::npos) return "";
-  const auto begin = at + key.size();
-  return r.err.substr(begin, r.err.find(';', begin) - begin);
-}
-
 TEST(FlightRecorderStopped, TandemrunDumpsTheRingOfAStoppedRank) {
   TempDir logs("flight-stopped-test");
   const RunResult r = launcher_test::run_tandemrun(
@@ -36,7 +27,7 @@ TEST(FlightRecorderStopped, TandemrunDumpsTheRingOfAStoppedRank) {
   ASSERT_TRUE(r.exited) << r.out << r.err;
   EXPECT_NE(r.exit_code, 0);
   // tandemrun says it read the stopped rank's record, and where it put it.
-  const std::string dir = dump_dir(r);
+  const std::string dir = launcher_test::flight_dump_dir(r.err);
   ASSERT_FALSE(dir.empty()) << "tandemrun did not say where the dumps are\n" << r.err;
   EXPECT_NE(r.err.find("is stopped (SIGSTOP or a debugger): tandemrun read its flight record "
                        "itself (5 ops) into " +
