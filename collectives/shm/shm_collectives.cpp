@@ -17,7 +17,7 @@ constexpr size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; 
 
 // From this many bytes per rank an all-gather reads the peers' inputs directly. Below it the two
 // copies go through slots that stay in cache, and process_vm_readv's page pinning plus the final
-// wait for the peers gained nothing (measured at 0.5 and 2 MiB per rank on 2 ranks: as fast).
+// wait for the peers gain nothing (2 MiB per rank on 2 ranks: about equal; docs/collectives.md).
 constexpr size_t kPeerReadMinBytes = 1 << 20;
 
 // One channel step of an op: elements [first, first + n) of what the op moves per rank.
