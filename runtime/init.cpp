@@ -156,21 +156,18 @@ InitOptions InitOptions::from_env() {
   return o;
 }
 
-Distributed init(const InitOptions& options) {
-  options.env.validate();
-  FlightRecorder::instance().install_signal_handler();  // SIGUSR1 dumps the recent ops
-  Distributed d;
-  d.env = options.env;
-  d.store = connect_store(options);
+std::shared_ptr<Communicator> connect_world(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                            int size, const InitOptions& options,
+                                            const std::string& store_prefix) {
   GlooOptions gloo;
   gloo.timeout = options.timeout;
   gloo.interface = options.gloo_interface;
   gloo.hostname = !options.gloo_hostname.empty() ? options.gloo_hostname
                   : is_loopback_address(options.env.master_addr) ? "127.0.0.1"
                                                                 : this_host_name();
-  gloo.store_prefix = options.store_prefix;
+  gloo.store_prefix = store_prefix;
   gloo.shared_memory = options.shared_memory;
-  d.world = connect_gloo(d.store, options.env.rank, options.env.world_size, gloo);
+  std::shared_ptr<Communicator> world = connect_gloo(store, rank, size, gloo);
   if (options.backend != "auto" && options.backend != "gloo" && options.backend != "nccl") {
     throw ConfigError("tandem: comm.backend = '" + options.backend +
                       "' is not auto, gloo or nccl (--set comm.backend=auto).");
@@ -185,10 +182,21 @@ Distributed init(const InitOptions& options) {
     NcclOptions nccl;
     nccl.timeout = options.timeout;
     nccl.device = options.env.local_rank % devices;
-    nccl.store_prefix = options.store_prefix;
-    d.world = std::make_shared<DeviceRoutingCommunicator>(
-        d.world, connect_nccl(d.store, options.env.rank, options.env.world_size, nccl));
+    nccl.store_prefix = store_prefix;
+    world = std::make_shared<DeviceRoutingCommunicator>(
+        world, connect_nccl(store, rank, size, nccl));
   }
+  return world;
+}
+
+Distributed init(const InitOptions& options) {
+  options.env.validate();
+  FlightRecorder::instance().install_signal_handler();  // SIGUSR1 dumps the recent ops
+  Distributed d;
+  d.env = options.env;
+  d.store = connect_store(options);
+  d.world = connect_world(d.store, options.env.rank, options.env.world_size, options,
+                          options.store_prefix);
   return d;
 }
 

@@ -36,6 +36,10 @@ struct DistEnv {
   // TORCHELASTIC_USE_AGENT_STORE=True (torchrun 2.x): the launcher's agent already serves the
   // store at MASTER_ADDR:MASTER_PORT, so rank 0 connects to it like every other rank.
   bool agent_store = false;
+  // TANDEM_FT: set by `tandemrun --ft`, the store key prefix under which the launcher reports
+  // workers that died (docs/fault_tolerance.md). Empty: the launcher offers no step-level fault
+  // tolerance (torchrun), and a failure restarts the group as before.
+  std::string ft_keys;
   std::string source = "none";  // where the values came from: "torchrun" (any launcher that
                                 // sets its variables), "slurm" (srun directly) or "none"
 

@@ -67,6 +67,12 @@ struct Distributed {
 };
 
 Distributed init(const InitOptions& options);
+// The communicator part of init(): `size` ranks, this one `rank`, rendezvous under `store_prefix`
+// in `store` (Gloo, plus NCCL for CUDA tensors as comm.backend says). Step-level fault tolerance
+// re-forms the survivors' world with it under a prefix per epoch. Errors as init()'s.
+std::shared_ptr<Communicator> connect_world(const c10::intrusive_ptr<c10d::Store>& store, int rank,
+                                            int size, const InitOptions& options,
+                                            const std::string& store_prefix);
 // init(InitOptions::from_env()).
 Distributed init();
 
