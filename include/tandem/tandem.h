@@ -22,6 +22,7 @@
 #include <tandem/runtime/context.h>
 #include <tandem/runtime/dist_env.h>
 #include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/fault_tolerance.h>
 #include <tandem/runtime/grad_norm.h>
 #include <tandem/runtime/grad_scaler.h>
 #include <tandem/runtime/init.h>

@@ -224,6 +224,13 @@ std::vector<KeySpec> build() {
                      std::vector<std::pair<std::string, ReshardPolicy>>{
                          {"error", ReshardPolicy::kError}, {"load_replicated_only", ReshardPolicy::kLoadReplicatedOnly}},
                      "What resume() does with sharded state saved at another world size."));
+  // ft
+  k.push_back(boolean("ft.enabled", TANDEM_REF(ft.enabled),
+                      "Step-level fault tolerance under tandemrun --ft: a dead rank costs one step, the survivors go on."));
+  k.push_back(number("ft.min_replicas", TANDEM_REF(ft.min_replicas), ge(1),
+                     "Fewest ranks that go on after a failure; fewer fail the group (restart from the checkpoint)."));
+  k.push_back(number("ft.quorum_timeout_s", TANDEM_REF(ft.quorum_timeout_s), gt(0),
+                     "Seconds survivors wait for a rank neither voting nor reported dead."));
   // trace, metrics
   k.push_back(boolean("trace.enabled", TANDEM_REF(trace.enabled), "Record spans to Chrome-trace JSON."));
   k.push_back(text("trace.dir", TANDEM_REF(trace.dir), "Each rank writes <dir>/rank<R>.json."));

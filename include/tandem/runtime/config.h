@@ -28,6 +28,7 @@
 #include <tandem/memory/leak_detector.h>
 #include <tandem/runtime/activation_checkpoint.h>
 #include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/fault_tolerance.h>
 #include <tandem/runtime/grad_scaler.h>
 #include <tandem/runtime/init.h>
 #include <tandem/runtime/metrics.h>
@@ -95,6 +96,7 @@ struct Config {
   CheckpointManagerOptions checkpoint;  // communicator, file system, callbacks: set in code
   TraceOptions trace;
   MetricsOptions metrics;
+  FaultToleranceOptions ft;  // ft.*: step-level fault tolerance (docs/fault_tolerance.md)
   TrainOptions train;
   // The program's own keys (section `app`), as their text: those it registered with
   // register_app_key() (tandem/runtime/config_keys.h), or, when it registered none, any app.* key.

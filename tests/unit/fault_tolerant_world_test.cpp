@@ -1,0 +1,147 @@
+// FaultTolerantWorld (include/tandem/runtime/fault_tolerance.h) with ranks as threads over one
+// HashStore, the test playing the launcher's part (dead/<rank> and dead/count). The process tests
+// through tandemrun --ft are tests/fault/ft_test.cpp.
+#include <tandem/base/errors.h>
+#include <tandem/runtime/fault_tolerance.h>
+
+#include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <ATen/ops/ones.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "tests/support/test_support.h"
+
+namespace tandem {
+namespace {
+
+constexpr const char* kLauncherKeys = "launcher/ft";
+
+Distributed connect(int rank, int world, const c10::intrusive_ptr<c10d::Store>& store,
+                    InitOptions& comm, bool launcher_support = true) {
+  Distributed d;
+  d.env.rank = rank;
+  d.env.world_size = world;
+  if (launcher_support) d.env.ft_keys = kLauncherKeys;
+  d.store = store;
+  comm.env = d.env;
+  comm.backend = "gloo";
+  comm.store_prefix = "test";
+  comm.timeout = std::chrono::seconds(20);
+  d.world = connect_world(store, rank, world, comm, comm.store_prefix);
+  return d;
+}
+
+FaultToleranceOptions enabled() {
+  FaultToleranceOptions o;
+  o.enabled = true;
+  o.quorum_timeout_s = 10;
+  return o;
+}
+
+TEST(FaultTolerantWorld, BadOptionsNameTheKey) {
+  testing::run_threads(1, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    const Distributed d = connect(rank, 1, store, comm);
+    FaultToleranceOptions o = enabled();
+    o.min_replicas = 0;
+    try {
+      FaultTolerantWorld ft(d, comm, o);
+      FAIL() << "no error";
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("--set ft.min_replicas=1"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// Without the launcher's support (torchrun) a failure propagates, as before.
+TEST(FaultTolerantWorld, InactiveWithoutTheLauncherTheFailurePropagates) {
+  testing::run_threads(2, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    const Distributed d = connect(rank, 2, store, comm, /*launcher_support=*/false);
+    FaultTolerantWorld ft(d, comm, enabled());
+    EXPECT_FALSE(ft.active());
+    EXPECT_THROW(ft.step(0, [] { throw CommError("injected"); }), CommError);
+  });
+}
+
+// One rank's collective fails (it never joins the all-reduce): every rank aborts the step, all
+// three (none died) form epoch 1, and the step redone there commits with the full sum.
+TEST(FaultTolerantWorld, OneRanksFailedCollectiveAbortsTheStepEverywhere) {
+  testing::run_threads(3, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    const Distributed d = connect(rank, 3, store, comm);
+    FaultTolerantWorld ft(d, comm, enabled());
+    ASSERT_TRUE(ft.active());
+    at::Tensor t;
+    auto work = [&](bool fail) {
+      return [&, fail] {
+        if (fail) throw CommError("injected: rank 2's collective failed");
+        t = at::ones({1000});
+        ft.communicator()->allreduce(t)->wait();
+      };
+    };
+    EXPECT_EQ(ft.step(0, work(rank == 2)), StepOutcome::kAborted);
+    EXPECT_EQ(ft.epoch(), 1);
+    EXPECT_EQ(ft.members(), (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(ft.step(0, work(false)), StepOutcome::kCommitted);
+    EXPECT_EQ(t[999].item<float>(), 3.0f);
+    EXPECT_EQ(ft.aborted_steps(), 1);
+  });
+}
+
+// Rank 2 stops taking part and the launcher reports it dead while the others wait for its vote:
+// they abort, form epoch 1 without it at once (not at the quorum timeout), ranked 0 and 1.
+TEST(FaultTolerantWorld, AMemberReportedDeadIsLeftOutAtOnce) {
+  testing::run_threads(3, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    const Distributed d = connect(rank, 3, store, comm);
+    FaultTolerantWorld ft(d, comm, enabled());
+    if (rank == 2) {  // "dies" after the first step, before voting on the second
+      EXPECT_EQ(ft.step(0, [] {}), StepOutcome::kCommitted);
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      store->set(std::string(kLauncherKeys) + "/dead/2", "killed");
+      store->add(std::string(kLauncherKeys) + "/dead/count", 1);
+      return;
+    }
+    EXPECT_EQ(ft.step(0, [] {}), StepOutcome::kCommitted);
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(ft.step(1, [] {}), StepOutcome::kAborted);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+    EXPECT_EQ(ft.members(), (std::vector<int>{0, 1}));
+    EXPECT_EQ(ft.world_size(), 2);
+    EXPECT_EQ(ft.rank(), rank);
+    at::Tensor t = at::ones({8});
+    EXPECT_EQ(ft.step(1, [&] { ft.communicator()->allreduce(t)->wait(); }), StepOutcome::kCommitted);
+    EXPECT_EQ(t[0].item<float>(), 2.0f);
+  });
+}
+
+// Fewer survivors than ft.min_replicas: a CommError that names the key.
+TEST(FaultTolerantWorld, BelowMinReplicasFails) {
+  testing::run_threads(2, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    const Distributed d = connect(rank, 2, store, comm);
+    FaultToleranceOptions o = enabled();
+    o.min_replicas = 2;
+    FaultTolerantWorld ft(d, comm, o);
+    if (rank == 1) {
+      store->set(std::string(kLauncherKeys) + "/dead/1", "killed");
+      store->add(std::string(kLauncherKeys) + "/dead/count", 1);
+      return;
+    }
+    try {
+      ft.step(0, [] { throw CommError("injected: the peer is gone"); });
+      FAIL() << "no error";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("fewer than ft.min_replicas = 2"), std::string::npos)
+          << e.what();
+    }
+  });
+}
+
+}  // namespace
+}  // namespace tandem
