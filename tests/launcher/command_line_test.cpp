@@ -96,6 +96,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{"ZeroMonitorInterval",
                 {"--nproc-per-node", "1", "--monitor-interval", "0", "WORKER", "env"},
                 "--monitor-interval must be between 0.001 and 60 seconds (got 0)"},
+        BadCase{"FtAcrossNodes",
+                {"--nnodes", "2", "--nproc-per-node", "1", "--ft", "WORKER", "env"},
+                "--ft is single-node for now"},
         BadCase{"NegativeHeartbeatTimeout",
                 {"--nproc-per-node", "1", "--heartbeat-timeout", "-2", "WORKER", "env"},
                 "--heartbeat-timeout must be between 0 (off) and 86400 seconds (got -2)"},
@@ -124,7 +127,7 @@ TEST(CommandLineTest, HelpDocumentsEveryOption) {
   for (const char* option :
        {"--nnodes", "--node-rank", "--node_rank", "--nproc-per-node", "--nproc_per_node",
         "--master-addr", "--master-port", "--standalone", "--run-id", "--grace-period-s", "--help",
-        "--max-restarts", "--monitor-interval", "--heartbeat-timeout",
+        "--max-restarts", "--monitor-interval", "--heartbeat-timeout", "--ft",
         "--version", "PROGRAM [ARGS...]", "Exit status"}) {
     EXPECT_NE(r.out.find(option), std::string::npos) << option << " missing from:\n" << r.out;
   }

@@ -31,6 +31,7 @@ TEST_P(EnvContract, EveryWorkerGetsTheTorchrunVariables) {
   std::vector<std::string> env = clean_env();
   env.push_back("RANK=99");  // a stale value from the caller must be replaced
   env.push_back("TANDEM_TEST_MARKER=kept");
+  env.push_back("TANDEM_FT=stale");
   const RunResult r = run_tandemrun({"--nproc-per-node", std::to_string(n), "--run-id",
                                      "run-" + std::to_string(n), worker_path(), "env"},
                                     env);
@@ -60,6 +61,7 @@ TEST_P(EnvContract, EveryWorkerGetsTheTorchrunVariables) {
     EXPECT_EQ(e.at("TORCHELASTIC_USE_AGENT_STORE"), "False");
     EXPECT_EQ(e.at("OMP_NUM_THREADS"), n > 1 ? "1" : "<unset>");
     EXPECT_EQ(e.at("TANDEM_TEST_MARKER"), "kept");
+    EXPECT_EQ(e.at("TANDEM_FT"), "<unset>");  // also an inherited one is removed
   }
   // torchrun's notice, once, only when tandemrun set OMP_NUM_THREADS.
   EXPECT_EQ(count_occurrences(r.err, "OMP_NUM_THREADS is not set"), n > 1 ? 1u : 0u) << r.err;
@@ -69,6 +71,19 @@ INSTANTIATE_TEST_SUITE_P(Workers, EnvContract, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return "N" + std::to_string(info.param);
                          });
+
+// --ft (docs/fault_tolerance.md): tandemrun serves the store, and says where it reports deaths.
+TEST(EnvContractTest, FtWorkersUseTheLaunchersStore) {
+  const RunResult r = run_tandemrun(
+      {"--standalone", "--ft", "--nproc-per-node", "2", "--run-id", "ftrun", worker_path(), "env"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto envs = parse_env(r.out);
+  ASSERT_EQ(envs.size(), 2u);
+  for (const auto& [rank, e] : envs) {
+    EXPECT_EQ(e.at("TORCHELASTIC_USE_AGENT_STORE"), "True") << "rank " << rank;
+    EXPECT_EQ(e.at("TANDEM_FT"), "tandemrun/ftrun/restart0/ft") << "rank " << rank;
+  }
+}
 
 TEST(EnvContractTest, UserOmpNumThreadsIsKept) {
   std::vector<std::string> env = clean_env();

@@ -96,6 +96,7 @@ int print_env() {
                         "OMP_NUM_THREADS",
                         "TORCHELASTIC_ERROR_FILE",
                         "TANDEM_HEARTBEAT_FILE",
+                        "TANDEM_FT",
                         "TANDEM_TEST_MARKER"};
   std::string out;
   for (const char* key : keys) {

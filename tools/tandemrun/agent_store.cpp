@@ -43,7 +43,7 @@ ConnectStoreFn load_module() {
         return reinterpret_cast<ConnectStoreFn>(symbol);
       errors += "; " + path + " has no " + kConnectStoreSymbol;
     }
-    throw RendezvousError("a multi-node run needs tandemrun's store module " +
+    throw RendezvousError("a multi-node or --ft run needs tandemrun's store module " +
                           std::string(kModuleName) + " (it brings libtorch's c10d TCPStore), "
                           "which could not be loaded (" + errors +
                           "); reinstall tandem, keeping bin/ and lib/tandem/ together");

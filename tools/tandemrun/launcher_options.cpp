@@ -157,6 +157,10 @@ void validate(const LauncherOptions& o, bool port_given) {
     throw ConfigError("--monitor-interval must be between 0.001 and 60 seconds (got " + v.str() +
                       ")");
   }
+  if (o.ft && o.multi_node()) {
+    throw ConfigError("--ft is single-node for now (one tandemrun serves the store and sees every "
+                      "worker die); drop --ft or run with --nnodes 1");
+  }
   if (!std::isfinite(o.heartbeat_timeout_s) || o.heartbeat_timeout_s < 0 ||
       o.heartbeat_timeout_s > 86400) {
     std::ostringstream v;
@@ -282,6 +286,12 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                  "as hung and failed (0: off)")
       ->envname("PET_HEARTBEAT_TIMEOUT")
       ->capture_default_str();
+  app.add_flag("--ft", o.ft,
+               "Step-level fault tolerance (docs/fault_tolerance.md): tandemrun serves the "
+               "rendezvous store and reports a worker that dies; the others drop the step, go on "
+               "without it (ft.enabled in the program) and the group restarts only when they fail "
+               "too")
+      ->envname("PET_FT");
   app.add_option("--trace-dir,--trace_dir", o.trace_dir,
                  "Workers record timelines into DIR (TANDEM_TRACE_DIR); merged into "
                  "DIR/timeline.json with a summary after the run (docs/timeline.md)")

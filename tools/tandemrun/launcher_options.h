@@ -30,6 +30,7 @@ struct LauncherOptions {
   double monitor_interval_s = 0.1;       // how often heartbeats are checked (torchrun's default)
   double heartbeat_timeout_s = 0;        // a worker silent this long after its first beat fails; 0 off
   std::string trace_dir;                 // --trace-dir: TANDEM_TRACE_DIR for workers, merged after
+  bool ft = false;  // --ft: serve the store, report dead workers to it, keep the survivors running
   int metrics_port = 0;                  // --metrics-port: Prometheus endpoint of the local ranks; 0 off
   std::string metrics_host = "127.0.0.1";  // --metrics-host: the address it binds
   StandbyMode standby_mode = StandbyMode::kAuto;

@@ -5,7 +5,8 @@
 // worker failed in a way no restart can fix (root_cause.h); 128+N stopped by signal N.
 //
 // Single-node runs stay a plain POSIX program: no store, no threads. Multi-node runs
-// (elastic_agent.cpp) load libtorch's c10d TCPStore (agent_store.h), which runs threads; workers
+// (elastic_agent.cpp) and --ft runs (ft_reporter.h) load libtorch's c10d TCPStore (agent_store.h),
+// which runs threads; workers
 // are still forked from the main thread and the child makes only async-signal-safe calls until
 // execve.
 
@@ -14,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <memory>
 
 #include <tandem/base/errors.h>
 
@@ -21,6 +23,7 @@
 #include "tools/tandemrun/error_file.h"
 #include "tools/tandemrun/fd_io.h"
 #include "tools/tandemrun/free_port.h"
+#include "tools/tandemrun/ft_reporter.h"
 #include "tools/tandemrun/launcher_options.h"
 #include "tools/tandemrun/launcher_trace.h"
 #include "tools/tandemrun/root_cause.h"
@@ -49,19 +52,39 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
   SignalRelay signals;
   WorkerGroup group(options, std::move(env), signals);
   std::vector<FailureRecord> failures;  // the first failure of every attempt, in order
+  // --ft: tandemrun serves the store for the whole run (one port) and reports dead workers.
+  std::unique_ptr<FtReporter> ft;
+  if (options.ft) ft = std::make_unique<FtReporter>(options);
+  int tolerated = 0;  // workers that failed while the others went on (--ft)
   for (int restart_count = 0;; ++restart_count) {
-    if (restart_count > 0 && options.standalone) {
+    if (restart_count > 0 && options.standalone && !ft) {
       // A fresh port per attempt: the old rank 0's store socket may linger (TIME_WAIT).
       group.set_master_port(pick_free_port(options.master_addr));
     }
+    if (ft) ft->new_attempt();
     group.start(restart_count);
-    const MonitorResult result = group.monitor();
+    MonitorResult result = group.monitor();
+    // --ft: report each failed worker to the others and let them go on, while any still runs.
+    // (A hung worker that was SIGKILLed fails again when it exits: reported already, no news.)
+    while (ft && result.outcome == MonitorResult::Outcome::kWorkerFailed) {
+      tolerated += ft->report_failures(group, restart_count);
+      const auto& w = group.workers();
+      if (std::none_of(w.begin(), w.end(), [](const Worker& x) { return !x.exit && !x.hung; }))
+        break;  // nobody left to go on: the group fails as without --ft
+      group.clear_failures();
+      result = group.monitor();
+    }
     switch (result.outcome) {
       case MonitorResult::Outcome::kSucceeded:
         group.stop(SIGTERM, grace);  // all exited: only ends what they may have left running
         if (restart_count > 0) {
           log_line("all workers exited 0 after " + std::to_string(restart_count) + " restart" +
                    (restart_count == 1 ? "" : "s"));
+        }
+        if (tolerated > 0) {
+          log_line("the remaining workers exited 0; " + std::to_string(tolerated) + " worker" +
+                   (tolerated == 1 ? "" : "s") + " failed and the others went on without " +
+                   (tolerated == 1 ? "it" : "them") + " (--ft)");
         }
         return 0;
       case MonitorResult::Outcome::kWorkerFailed: {

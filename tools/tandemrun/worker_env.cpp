@@ -18,6 +18,10 @@ bool has_key(const std::vector<std::string>& env, const std::string& key) {
 
 }  // namespace
 
+std::string ft_keys(const LauncherOptions& options, int restart_count) {
+  return "tandemrun/" + options.run_id + "/restart" + std::to_string(restart_count) + "/ft";
+}
+
 int global_rank(const LauncherOptions& options, int local_rank) {
   return options.node_rank * options.nproc_per_node + local_rank;
 }
@@ -46,14 +50,16 @@ std::vector<std::string> build_worker_env(const LauncherOptions& options, const 
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(slot.restart_count)},
       {"TORCHELASTIC_MAX_RESTARTS", std::to_string(options.max_restarts)},
       {"TORCHELASTIC_RUN_ID", options.run_id},
-      // tandemrun hosts no store; rank 0 must create it (torchrun's agent-store mode is "True").
-      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      // Without --ft tandemrun hosts no store and rank 0 creates it (torchrun's agent mode is
+      // "True"); with --ft it serves the store, which must outlive any worker.
+      {"TORCHELASTIC_USE_AGENT_STORE", options.ft ? "True" : "False"},
   };
   if (omp_threads_defaulted(options, base_env)) vars["OMP_NUM_THREADS"] = "1";
   // Per-worker channels; an inherited value would point every worker at the same file.
   const std::map<std::string, std::string> channels = {
       {"TORCHELASTIC_ERROR_FILE", slot.error_file}, {"TANDEM_HEARTBEAT_FILE", slot.heartbeat_file},
-      {"TANDEM_FLIGHT_RECORDER_DIR", slot.flight_dir}, {"TANDEM_METRICS_FILE", slot.metrics_file}};
+      {"TANDEM_FLIGHT_RECORDER_DIR", slot.flight_dir}, {"TANDEM_METRICS_FILE", slot.metrics_file},
+      {"TANDEM_FT", options.ft ? ft_keys(options, slot.restart_count) : std::string()}};
 
   std::vector<std::string> env;
   env.reserve(base_env.size() + vars.size());

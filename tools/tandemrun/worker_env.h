@@ -21,11 +21,17 @@ struct WorkerSlot {
 // Global rank of a local worker: node_rank * nproc_per_node + local_rank (torchrun's layout).
 int global_rank(const LauncherOptions& options, int local_rank);
 
+// With --ft: the store prefix under which tandemrun reports dead workers of attempt
+// `restart_count` (TANDEM_FT; <prefix>/dead/<rank> and the counter <prefix>/dead/count, read by
+// tandem::FaultTolerantWorld).
+std::string ft_keys(const LauncherOptions& options, int restart_count);
+
 // Builds the complete environment ("KEY=VALUE" entries) of one worker: `base_env` (tandemrun's
 // own environment) with the torchrun variables set or replaced:
 //   RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_NAME,
 //   ROLE_RANK, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RESTART_COUNT,
-//   TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=False,
+//   TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE (True with
+//   --ft, else False), TANDEM_FT (with --ft),
 // plus OMP_NUM_THREADS=1 when omp_threads_defaulted() says so. Pure function: the one place
 // that decides what a worker sees.
 std::vector<std::string> build_worker_env(const LauncherOptions& options, const WorkerSlot& slot,

@@ -301,8 +301,9 @@ void WorkerGroup::check_heartbeats() {
   bool over_timeout = false;
   for (auto& w : workers_) {
     if (w.exit || w.reaped || w.hung || w.heartbeat_file.empty()) continue;
-    const std::optional<double> s = seconds_since_modified(w.heartbeat_file);
+    std::optional<double> s = seconds_since_modified(w.heartbeat_file);
     if (!s) continue;  // no beat yet: still starting
+    if (cleared_at_) s = std::min(*s, std::chrono::duration<double>(Clock::now() - *cleared_at_).count());
     const bool stopped = is_stopped(w.pid);
     if (*s > options_.heartbeat_timeout_s) over_timeout = true;
     if (*s > options_.heartbeat_timeout_s || stopped) silent.push_back({&w, *s, stopped});
@@ -315,6 +316,9 @@ void WorkerGroup::check_heartbeats() {
   std::stable_sort(silent.begin(), silent.end(), [](const Silent& a, const Silent& b) {
     return a.stopped != b.stopped ? a.stopped : a.seconds > b.seconds;
   });
+  // --ft: only the first is failed; the others go on once it is gone (their silence then counts
+  // afresh, clear_failures()).
+  if (options_.ft) silent.resize(1);
   for (const Silent& s : silent) {
     s.worker->hung = true;
     s.worker->silent_s = s.seconds;
@@ -461,6 +465,13 @@ void WorkerGroup::signal_all(int signo) {
     // A worker that moved itself to another group (setsid) is signalled directly.
     if (!w.exit && ::getpgid(w.pid) != w.pid) ::kill(w.pid, signo);
   }
+}
+
+void WorkerGroup::kill_worker(int local_rank) {
+  Worker& w = workers_.at(static_cast<std::size_t>(local_rank));
+  if (w.reaped || w.pid <= 0 || w.exit) return;
+  ::killpg(w.pid, SIGKILL);
+  if (::getpgid(w.pid) != w.pid) ::kill(w.pid, SIGKILL);
 }
 
 bool WorkerGroup::any_running() const {

@@ -137,6 +137,16 @@ class WorkerGroup {
 
   const std::vector<Worker>& workers() const { return workers_; }
 
+  // --ft: the failures seen so far were handled (reported to the survivors): the next monitor()
+  // returns kWorkerFailed only for a new one, and kSucceeded once the others exit 0. Heartbeat
+  // silence counts from now: the survivors were waiting for the failed worker, not hung.
+  void clear_failures() {
+    first_failure_ = -1;
+    cleared_at_ = std::chrono::steady_clock::now();
+  }
+  // --ft: SIGKILLs a hung worker's process group (it stays a zombie until stop(), as any exit).
+  void kill_worker(int local_rank);
+
   // The first stop signal (SIGINT, SIGTERM, ...) tandemrun received during the run, also one that
   // cut a stop() or settle() short; 0 if none. A run that received one is never restarted.
   int received_stop_signal() const { return received_stop_signal_; }
@@ -165,6 +175,7 @@ class WorkerGroup {
   std::vector<Worker> workers_;
   std::vector<int> pending_stop_signals_;
   int first_failure_ = -1;
+  std::optional<std::chrono::steady_clock::time_point> cleared_at_;  // last clear_failures()
   int failures_seen_ = 0;
   int received_stop_signal_ = 0;
   std::string state_dir_;  // private directory for error and heartbeat files
