@@ -1,0 +1,178 @@
+// The training worker of the step-level fault-tolerance tests (tests/fault/ft_test.cpp), started
+// by `tandemrun --ft` with --set ft.enabled=true. DistributedDataParallel over a tiny MLP, SGD with
+// momentum, each step run through tandem::FaultTolerantWorld. The global batch of step s (12
+// samples) depends only on s; a rank trains on its slice of it by its rank and size in the current
+// epoch, so the result depends only on which world trained which step.
+//
+//   ft_worker --out FILE [--steps N]
+//     trains; the final epoch's rank 0 writes the parameters' raw bytes to FILE.
+//   ft_worker --out FILE --ckpt DIR --save-at K     (the reference's first part)
+//     saves a checkpoint after step K and stops there.
+//   ft_worker --out FILE --ckpt DIR [--every K]     (its second part, at the smaller world size)
+//     resumes from DIR and trains to the end; with --every, checkpoints every K steps (also under
+//     --ft, where the manager is rebuilt on each new world).
+//
+// Fault injection (environment): FT_KILL_RANKS=r[,r...] FT_KILL_STEP=k FT_KILL_AT=p makes those
+// launch ranks SIGKILL themselves in step k, at p: forward (before it), backward (mid-backward,
+// with gradient buckets in flight), vote (after backward, before the commit vote) or after (after
+// the commit, before the optimizer step). Only on the first attempt (TORCHELASTIC_RESTART_COUNT=0).
+// FT_KILL_SIGNAL=STOP stops them instead (a hang, for tandemrun's heartbeat timeout).
+// Output: "ft start pid P rank R", "ft aborted step S epoch E members M", "ft done pid P rank R
+// epoch E since S aborted A members M" (since: the first step the final epoch trained).
+#include <ATen/CPUGeneratorImpl.h>
+#include <signal.h>
+#include <tandem/checkpoint/checkpoint_manager.h>
+#include <tandem/runtime/context.h>
+#include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/fault_tolerance.h>
+#include <tandem/runtime/run_main.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+namespace {
+
+using Model = torch::nn::SequentialImpl;
+using Ddp = tandem::DistributedDataParallel<Model>;
+
+std::string env_or(const char* key, const char* fallback) {
+  const char* v = std::getenv(key);
+  return v != nullptr ? v : fallback;
+}
+
+bool kills_here(int launch_rank, int64_t step, const std::string& point) {
+  if (env_or("FT_KILL_AT", "") != point || std::stoll(env_or("FT_KILL_STEP", "-1")) != step ||
+      env_or("TORCHELASTIC_RESTART_COUNT", "0") != "0")
+    return false;
+  std::stringstream ranks(env_or("FT_KILL_RANKS", ""));
+  std::string r;
+  while (std::getline(ranks, r, ',')) {
+    if (!r.empty() && std::stoi(r) == launch_rank) return true;
+  }
+  return false;
+}
+
+void maybe_kill(int launch_rank, int64_t step, const std::string& point) {
+  if (!kills_here(launch_rank, step, point)) return;
+  std::printf("ft kill rank %d step %lld at %s\n", launch_rank, static_cast<long long>(step),
+              point.c_str());
+  std::fflush(stdout);
+  ::raise(env_or("FT_KILL_SIGNAL", "KILL") == "STOP" ? SIGSTOP : SIGKILL);
+}
+
+std::string members_text(const std::vector<int>& members) {
+  std::string s;
+  for (int m : members) s += (s.empty() ? "" : ",") + std::to_string(m);
+  return s;
+}
+
+int train(tandem::Context& ctx) {
+  std::string out, ckpt_dir;
+  int64_t steps = 6, save_at = -1, every = 0;
+  CLI::App app("ft_worker");
+  app.add_option("--out", out)->required();
+  app.add_option("--steps", steps);
+  app.add_option("--ckpt", ckpt_dir);
+  app.add_option("--save-at", save_at);
+  app.add_option("--every", every);
+  app.parse(ctx.argc(), ctx.argv());
+
+  tandem::FaultTolerantWorld ft(ctx.distributed(), ctx.config().comm, ctx.config().ft);
+  const int launch_rank = ctx.rank();
+  torch::manual_seed(7);
+  torch::nn::Sequential model(torch::nn::Linear(10, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
+  tandem::DistributedDataParallelOptions dp_options;
+  dp_options.bucket_cap_mb = 0.0005;  // several buckets: some are in flight mid-backward
+  auto make_ddp = [&] { return std::make_unique<Ddp>(model.ptr(), ft.communicator(), dp_options); };
+  auto ddp = make_ddp();
+  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+
+  // The manager agrees over its communicator: after an abort it is built again on the new world.
+  std::unique_ptr<tandem::CheckpointManager> ckpt;
+  auto make_ckpt = [&] {
+    tandem::CheckpointManagerOptions o;
+    o.directory = ckpt_dir;
+    o.async = false;
+    o.every_n_steps = every;
+    o.communicator = ft.communicator();
+    ckpt = std::make_unique<tandem::CheckpointManager>(o);
+    ckpt->add_module("model", *model);
+    ckpt->add_optimizer("optim", opt);
+  };
+  int64_t start = 0;
+  if (!ckpt_dir.empty()) {
+    make_ckpt();
+    if (save_at < 0) start = ckpt->resume();
+  }
+  std::printf("ft start pid %d rank %d\n", static_cast<int>(::getpid()), launch_rank);
+  std::fflush(stdout);
+
+  int64_t since = start;
+  for (int64_t step = start; step < steps;) {
+    opt.zero_grad();
+    auto work = [&] {
+      maybe_kill(launch_rank, step, "forward");
+      auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + step));
+      const at::Tensor x_all = at::randn({12, 10}, gen), y_all = at::randn({12, 3}, gen);
+      const int64_t per = 12 / ft.world_size(), first = per * ft.rank();
+      const int64_t count = ft.rank() + 1 == ft.world_size() ? 12 - first : per;
+      const at::Tensor x = x_all.narrow(0, first, count), y = y_all.narrow(0, first, count);
+      torch::mse_loss((*ddp)(x), y).backward();
+      maybe_kill(launch_rank, step, "vote");
+    };
+    // Mid-backward: a hook on the first layer's weight gradient runs after the last layer's
+    // buckets were launched.
+    auto& weight = model[0]->as<torch::nn::Linear>()->weight;
+    const bool kill_in_backward = kills_here(launch_rank, step, "backward");
+    unsigned handle = 0;
+    if (kill_in_backward)
+      handle = weight.register_hook([&](const at::Tensor&) { maybe_kill(launch_rank, step, "backward"); });
+    const tandem::StepOutcome outcome = ft.step(step, work);
+    if (kill_in_backward) weight.remove_hook(handle);
+    if (outcome == tandem::StepOutcome::kAborted) {
+      std::printf("ft aborted step %lld epoch %lld members %s\n", static_cast<long long>(step),
+                  static_cast<long long>(ft.epoch()), members_text(ft.members()).c_str());
+      std::fflush(stdout);
+      ddp = make_ddp();
+      if (ckpt) make_ckpt();
+      since = step;
+      continue;
+    }
+    maybe_kill(launch_rank, step, "after");
+    opt.step();
+    tandem::heartbeat();
+    ++step;
+    if (ckpt && step == save_at) {
+      ckpt->save(step);
+      ckpt->wait();
+      break;
+    }
+    if (ckpt) ckpt->maybe_save(step);
+  }
+  if (ft.rank() == 0 && save_at < 0) {
+    std::ofstream file(out, std::ios::binary | std::ios::trunc);
+    for (const auto& p : model->parameters()) {
+      const auto c = p.detach().contiguous();
+      file.write(static_cast<const char*>(c.data_ptr()), static_cast<std::streamsize>(c.nbytes()));
+    }
+    if (!file) throw std::runtime_error("cannot write " + out);
+  }
+  std::printf("ft done pid %d rank %d epoch %lld since %lld aborted %lld members %s\n",
+              static_cast<int>(::getpid()), launch_rank, static_cast<long long>(ft.epoch()),
+              static_cast<long long>(since), static_cast<long long>(ft.aborted_steps()),
+              members_text(ft.members()).c_str());
+  std::fflush(stdout);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return tandem::run_main(argc, argv, train); }
