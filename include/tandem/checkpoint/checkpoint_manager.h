@@ -184,6 +184,17 @@ class CheckpointManager {
   // it snapshots; they may change afterwards. Cheap when nothing is being copied.
   void wait_staged();
 
+  // ---- healing (step-level fault tolerance, docs/fault_tolerance.md) ----
+  // Copies the registered state of rank `source` into each of `receivers` over the manager's
+  // communicator, as resume() would restore it from a checkpoint, but from a live peer: the
+  // states' header in the shard file's format, then one tensor at a time (memory beyond the state:
+  // one copy of its largest tensor), each checked by its XXH3-64 on arrival. Called by the source
+  // and every receiver with the same arguments (other ranks return at once); waits for an
+  // in-flight save first. Replicated and per-rank (kSharded) states come from the source; kSliced
+  // state has no copy on one peer and is refused. Errors: CheckpointError for bad ranks, kSliced
+  // state, a state that does not fit (its check()) or a checksum mismatch; CommError from the wire.
+  void heal(int source, const std::vector<int>& receivers);
+
   // Committed steps on disk, newest first (no verification).
   std::vector<int64_t> committed_steps() const;
   // Step resume() restored (-1 before resume() or when nothing was restored).
