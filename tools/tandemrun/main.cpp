@@ -6,9 +6,8 @@
 //
 // Single-node runs stay a plain POSIX program: no store, no threads. Multi-node runs
 // (elastic_agent.cpp) and --ft runs (ft_reporter.h) load libtorch's c10d TCPStore (agent_store.h),
-// which runs threads; workers
-// are still forked from the main thread and the child makes only async-signal-safe calls until
-// execve.
+// which runs threads; workers are still forked from the main thread and the child makes only
+// async-signal-safe calls until execve.
 
 #include <signal.h>
 
