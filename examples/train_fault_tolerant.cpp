@@ -11,6 +11,16 @@
 // both again, they resume from the newest valid checkpoint and finish. The final parameter checksum
 // printed at the end is the same, to the bit, as that of a run without --crash-at-step (try it:
 // same seed, same world size, same bits).
+//
+// Step-level fault tolerance (docs/fault_tolerance.md): under `tandemrun --ft` with
+// --set ft.enabled=true, the same crash costs one step instead. Every step runs through
+// tandem::FaultTolerantWorld; when rank 1 dies, rank 0 drops that step, goes on alone from the
+// state it holds, and never opens a checkpoint. Its result is that of its failure schedule (two
+// ranks up to the crash, one after), the same for every run with the same crash.
+//
+//   tandemrun --standalone --nproc-per-node 2 --ft build/bin/train_fault_tolerant
+//       --config examples/configs/train_fault_tolerant.yaml --crash-at-step 70
+//       --set ft.enabled=true                                                    (one line)
 #include <signal.h>
 #include <tandem/tandem.h>
 #include <unistd.h>
@@ -70,18 +80,36 @@ int main(int argc, char** argv) {
     torch::manual_seed(seed);
     tiny_lm::TinyLm model(lm);
     model->to(ctx.device());  // train.device
-    tandem::DistributedDataParallel ddp(model, ctx.world(), ctx.config().ddp);
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(train.lr));
-    tandem::CheckpointManager ckpt(options);
-    ckpt.add_module("model", *model);
-    ckpt.add_optimizer("optim", opt);
-    ckpt.add_rng("rng");
-    ckpt.add_tensors(  // the bucket plan DistributedDataParallel learned, per rank
-        "ddp", [&] { return ddp.state(); },
-        [&](const std::map<std::string, at::Tensor>& s) { ddp.load_state(s); },
-        tandem::Sharding::kSharded);
+    // The world steps run in: the launch world, or after a rank died (tandemrun --ft), the ranks
+    // left. The wrapper and the checkpoint manager agree over it, so both are built on it again.
+    tandem::FaultTolerantWorld ft(ctx.distributed(), ctx.config().comm, ctx.config().ft);
+    // After a shrink the per-rank "ddp" state was saved by fewer ranks than a restarted group has:
+    // such a restart keeps the replicated state (model, optimizer, RNG) and warns.
+    if (ft.active()) options.reshard = tandem::ReshardPolicy::kLoadReplicatedOnly;
+    using Ddp = tandem::DistributedDataParallel<tiny_lm::TinyLmImpl>;
+    std::unique_ptr<Ddp> ddp;
+    std::unique_ptr<tandem::CheckpointManager> ckpt;
+    auto connect = [&] {
+      std::map<std::string, at::Tensor> plan;  // the bucket plan DistributedDataParallel learned
+      if (ddp) plan = ddp->state();
+      ddp = std::make_unique<Ddp>(model, ft.communicator(), ctx.config().ddp);
+      if (!plan.empty()) ddp->load_state(plan);
+      tandem::CheckpointManagerOptions o = options;
+      o.communicator = ft.communicator();
+      ckpt.reset();  // waits for its writer first
+      ckpt = std::make_unique<tandem::CheckpointManager>(o);
+      ckpt->add_module("model", *model);
+      ckpt->add_optimizer("optim", opt);
+      ckpt->add_rng("rng");
+      ckpt->add_tensors(  // per rank
+          "ddp", [&] { return ddp->state(); },
+          [&](const std::map<std::string, at::Tensor>& s) { ddp->load_state(s); },
+          tandem::Sharding::kSharded);
+    };
+    connect();
 
-    const int64_t first = ckpt.resume();
+    const int64_t first = ckpt->resume();
     if (rank == 0) {
       if (first > 0)
         std::printf("attempt %d: resumed from the checkpoint of step %lld in %s\n", restart_count(),
@@ -92,26 +120,40 @@ int main(int argc, char** argv) {
     double loss_value = 0;
     // Progress lines every metrics.log_every steps; under tandemrun --metrics-port, live metrics.
     tandem::ProgressLogger progress(ctx.config().metrics, train.steps, rank, ctx.world_size());
-    progress.track_overlap(ddp.reducer());
-    for (int64_t step = first; step < train.steps; ++step) {
-      if (step == crash_at && rank == 1 && restart_count() == 0) {
+    progress.track_overlap(ddp->reducer());
+    for (int64_t step = first; step < train.steps;) {
+      if (step == crash_at && rank == 1 && restart_count() == 0 && ft.epoch() == 0) {
         std::printf("rank 1: simulating a crash at step %lld (SIGKILL)\n",
                     static_cast<long long>(step));
         std::fflush(stdout);
         ::kill(::getpid(), SIGKILL);
       }
-      auto windows = tiny_lm::batch_windows(data, train.batch_size, lm.context, seed, step, rank);
       opt.zero_grad();
-      auto loss = tiny_lm::lm_loss(ddp(tiny_lm::lm_inputs(windows)), windows);
-      loss.backward();
+      at::Tensor loss;
+      const tandem::StepOutcome outcome = ft.step(step, [&] {  // every collective of the step
+        auto windows =
+            tiny_lm::batch_windows(data, train.batch_size, lm.context, seed, step, ft.rank());
+        loss = tiny_lm::lm_loss((*ddp)(tiny_lm::lm_inputs(windows)), windows);
+        loss.backward();
+      });
+      if (outcome == tandem::StepOutcome::kAborted) {
+        if (ft.rank() == 0) {
+          std::printf("step %lld aborted: a rank died; going on with %d rank(s)\n",
+                      static_cast<long long>(step), ft.world_size());
+        }
+        connect();
+        progress.track_overlap(ddp->reducer());  // the new wrapper's
+        continue;  // the same step again, in the new world
+      }
       opt.step();
       tandem::heartbeat();
       loss_value = loss.item<double>();
-      ckpt.maybe_save(step + 1);
-      progress.step(step + 1, loss_value, train.batch_size);
+      ++step;
+      ckpt->maybe_save(step);
+      progress.step(step, loss_value, train.batch_size);
     }
-    ckpt.wait();
-    if (rank == 0) {
+    ckpt->wait();
+    if (ft.rank() == 0) {
       // Resumed at the final step, this attempt ran no step: there is no loss to report.
       char loss[64] = "no step left to run, so no loss";
       if (first < train.steps) std::snprintf(loss, sizeof loss, "loss %.4f", loss_value);

@@ -89,6 +89,21 @@ case "$kind" in
     ! grep -q "loss 0.0000" <<<"$again" || fail "printed a loss no step computed"
     c="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$again")"
     [ "$a" = "$c" ] || fail "checksum after resuming at the final step: '$c', not '$a'"
+    # Step-level fault tolerance (tandemrun --ft, docs/fault_tolerance.md): the same crash costs
+    # one step; rank 0 goes on alone without a restart or a checkpoint read, and two runs with the
+    # same crash end with the same bits (not those of the uninterrupted run: one rank trained the
+    # steps after the crash).
+    ft_run() { "$tandemrun" --standalone --nproc-per-node 2 --ft "$binary" "${common[@]}" \
+                 --set ft.enabled=true --crash-at-step 25 --set checkpoint.directory="$1" 2>&1; }
+    ft1="$(ft_run ft1)"; echo "$ft1"
+    grep -q "step 25 aborted: a rank died; going on with 1 rank(s)" <<<"$ft1" || fail "no step aborted under --ft"
+    ! grep -q "restarting all workers" <<<"$ft1" || fail "tandemrun restarted the workers under --ft"
+    ! grep -q "resumed from the checkpoint" <<<"$ft1" || fail "a survivor read a checkpoint under --ft"
+    ft2="$(ft_run ft2)"; echo "$ft2"
+    d="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$ft1")"
+    e="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$ft2")"
+    [ -n "$d" ] && [ "$d" = "$e" ] || fail "two --ft runs with the same crash differ: '$d' vs '$e'"
+    [ "$d" != "$a" ] || fail "the --ft run ended as the uninterrupted one although a rank trained alone"
     check_bad_flag
     ;;
   pipeline)
