@@ -111,6 +111,7 @@ DistEnv DistEnv::from_env(const Lookup& lookup) {
   const std::string agent_store = parse_string(lookup, "TORCHELASTIC_USE_AGENT_STORE", "");
   env.agent_store = agent_store == "True" || agent_store == "true" || agent_store == "1";
   env.ft_keys = parse_string(lookup, "TANDEM_FT", "");
+  env.ft_join = env.ft_keys.empty() ? 0 : parse_int(lookup, "TANDEM_REPLACEMENT", 0);
   if (env.world_size > 1) {
     for (const char* required : {"MASTER_ADDR", "MASTER_PORT"}) {
       const char* v = lookup(required);

@@ -195,6 +195,8 @@ Distributed init(const InitOptions& options) {
   Distributed d;
   d.env = options.env;
   d.store = connect_store(options);
+  // A replacement (tandemrun --ft-replace) joins the running group's epoch, not epoch 0.
+  if (options.env.ft_join > 0) return d;
   d.world = connect_world(d.store, options.env.rank, options.env.world_size, options,
                           options.store_prefix);
   return d;

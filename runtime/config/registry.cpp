@@ -231,6 +231,8 @@ std::vector<KeySpec> build() {
                      "Fewest ranks that go on after a failure; fewer fail the group (restart from the checkpoint)."));
   k.push_back(number("ft.quorum_timeout_s", TANDEM_REF(ft.quorum_timeout_s), gt(0),
                      "Seconds survivors wait for a rank neither voting nor reported dead."));
+  k.push_back(number("ft.replacement_wait_s", TANDEM_REF(ft.replacement_wait_s), ge(0),
+                     "Seconds survivors wait for a dead rank's replacement (tandemrun --ft-replace) before going on without it."));
   // trace, metrics
   k.push_back(boolean("trace.enabled", TANDEM_REF(trace.enabled), "Record spans to Chrome-trace JSON."));
   k.push_back(text("trace.dir", TANDEM_REF(trace.dir), "Each rank writes <dir>/rank<R>.json."));

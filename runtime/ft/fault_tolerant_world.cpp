@@ -4,12 +4,14 @@
 #include <tandem/runtime/fault_tolerance.h>
 
 #include <tandem/base/errors.h>
+#include <tandem/runtime/run_main.h>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <sstream>
 #include <thread>
 
@@ -22,29 +24,80 @@ using Clock = std::chrono::steady_clock;
 constexpr const char* kCommit = "commit";
 constexpr const char* kAbort = "abort";
 
-std::string join_ranks(const std::vector<int>& ranks) {
+// A member: its launch rank and incarnation ("2.1": launch rank 2's first replacement).
+struct MemberId {
+  int rank = 0;
+  int incarnation = 0;
+  std::string text() const { return std::to_string(rank) + "." + std::to_string(incarnation); }
+  bool operator==(const MemberId& o) const { return rank == o.rank && incarnation == o.incarnation; }
+};
+
+MemberId parse_id(const std::string& text) {
+  const auto dot = text.find('.');
+  return {std::stoi(text.substr(0, dot)), std::stoi(text.substr(dot + 1))};
+}
+
+std::string join_ids(const std::vector<MemberId>& ids) {
   std::string s;
-  for (int r : ranks) s += (s.empty() ? "" : ",") + std::to_string(r);
+  for (const MemberId& m : ids) s += (s.empty() ? "" : ",") + m.text();
   return s;
 }
 
-std::vector<int> parse_ranks(const std::string& text) {
-  std::vector<int> ranks;
+std::vector<MemberId> parse_ids(const std::string& text) {
+  std::vector<MemberId> ids;
   std::stringstream in(text);
   std::string item;
-  while (std::getline(in, item, ',')) ranks.push_back(std::stoi(item));
-  return ranks;
+  while (std::getline(in, item, ',')) ids.push_back(parse_id(item));
+  return ids;
+}
+
+bool contains(const std::vector<MemberId>& ids, const MemberId& id) {
+  return std::find(ids.begin(), ids.end(), id) != ids.end();
+}
+
+// The membership of one epoch, as its key holds it: "members;requests;receivers;step". requests:
+// the join requests decided on so far; receivers: the members that need the training state (they
+// joined, and no step has committed since); step: the step the epoch starts at.
+struct Membership {
+  std::vector<MemberId> members;
+  int64_t requests = 0;
+  std::vector<MemberId> receivers;
+  int64_t step = 0;
+
+  std::string text() const {
+    return join_ids(members) + ";" + std::to_string(requests) + ";" + join_ids(receivers) + ";" +
+           std::to_string(step);
+  }
+  static Membership parse(const std::string& text) {
+    std::vector<std::string> parts;
+    std::stringstream in(text);
+    std::string part;
+    while (std::getline(in, part, ';')) parts.push_back(part);
+    parts.resize(4);
+    return {parse_ids(parts[0]), std::stoll(parts[1]), parse_ids(parts[2]), std::stoll(parts[3])};
+  }
+};
+
+std::string get_text(c10d::Store& store, const std::string& key) {
+  const std::vector<uint8_t> v = store.get(key);
+  return std::string(v.begin(), v.end());
 }
 
 bool has(c10d::Store& store, const std::string& key) { return store.check({key}); }
 
 // Polls `done` about every millisecond (a step's vote takes a few store round trips; the step
-// itself takes far longer) until it is true or `deadline` passed. False on the deadline.
+// itself takes far longer) until it is true or `deadline` passed. False on the deadline. Beats
+// the launcher's heartbeat meanwhile: a rank waiting for a quorum or a replacement is not hung.
+Clock::duration seconds(double s) {
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
+}
+
 template <class Done>
 bool poll_until(Clock::time_point deadline, Done done) {
   for (auto pause = std::chrono::microseconds(50);; pause = std::min(pause * 2, std::chrono::microseconds(1000))) {
     if (done()) return true;
     if (Clock::now() >= deadline) return false;
+    heartbeat();
     std::this_thread::sleep_for(pause);
   }
 }
@@ -61,9 +114,21 @@ FaultTolerantWorld::FaultTolerantWorld(const Distributed& dist, const InitOption
   if (!(options_.quorum_timeout_s > 0)) {
     throw ConfigError("tandem: ft.quorum_timeout_s must be positive (--set ft.quorum_timeout_s=10).");
   }
-  if (!world_ || !store_) throw ConfigError("tandem: FaultTolerantWorld needs a connected world.");
+  if (!(options_.replacement_wait_s >= 0)) {
+    throw ConfigError("tandem: ft.replacement_wait_s must be 0 or more (--set ft.replacement_wait_s=0).");
+  }
   launch_rank_ = dist.env.rank;
-  for (int r = 0; r < dist.env.world_size; ++r) members_.push_back(r);
+  incarnation_ = dist.env.ft_join;
+  if (incarnation_ > 0 && !options_.enabled) {
+    throw ConfigError("tandem: this worker replaces a failed one (tandemrun --ft-replace), but "
+                      "ft.enabled is false: it cannot join a running group; --set ft.enabled=true.");
+  }
+  if (!store_ || (!world_ && incarnation_ == 0))
+    throw ConfigError("tandem: FaultTolerantWorld needs a connected world.");
+  for (int r = 0; r < dist.env.world_size; ++r) {
+    members_.push_back(r);
+    incarnations_.push_back(0);
+  }
   active_ = options_.enabled && !dist.env.ft_keys.empty() && dist.env.world_size > 1;
   if (options_.enabled && dist.env.ft_keys.empty() && launch_rank_ == 0) {
     std::fprintf(stderr,
@@ -72,13 +137,95 @@ FaultTolerantWorld::FaultTolerantWorld(const Distributed& dist, const InitOption
   }
   prefix_ = comm_.store_prefix + "/ft";
   dead_prefix_ = dist.env.ft_keys + "/dead/";
+  group_failed_ = dist.env.ft_keys + "/group_failed";
+  if (incarnation_ > 0) await_admission();
 }
 
-FaultTolerantWorld::~FaultTolerantWorld() = default;
+FaultTolerantWorld::~FaultTolerantWorld() {
+  // A replacement still waiting to be admitted learns that no step is left to join. Rank 0 says
+  // so when the training ends (not any rank leaving: a test's "dead" rank returns normally).
+  if (!active_ || rank() != 0 || std::uncaught_exceptions() > 0) return;
+  try {
+    store_->set(prefix_ + "/finished", "1");
+  } catch (const std::exception&) {  // the launcher's store is gone: nobody is waiting
+  }
+}
+
+void FaultTolerantWorld::fail_group(const std::string& why) {
+  store_->set(group_failed_, why);  // tandemrun restarts the group instead of replacing ranks
+  throw CommError(why);
+}
 
 int FaultTolerantWorld::rank() const {
-  const auto it = std::find(members_.begin(), members_.end(), launch_rank_);
-  return static_cast<int>(it - members_.begin());
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    if (members_[i] == launch_rank_ && incarnations_[i] == incarnation_) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::string FaultTolerantWorld::id(std::size_t member) const {
+  return MemberId{members_[member], incarnations_[member]}.text();
+}
+
+void FaultTolerantWorld::await_admission() {
+  c10d::Store& store = *store_;
+  const std::string self = MemberId{launch_rank_, incarnation_}.text();
+  const int64_t request = store.add(prefix_ + "/join/count", 1);
+  store.set(prefix_ + "/join/" + std::to_string(request), self);
+  // The members admit it at the start of their next step: at most one step (whose collectives
+  // comm.timeout_s bounds) plus a re-formation away.
+  const double limit_s = std::chrono::duration<double>(comm_.timeout).count() + options_.quorum_timeout_s;
+  const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                           std::chrono::duration<double>(limit_s));
+  const std::string admitted = prefix_ + "/admitted/" + self;
+  poll_until(deadline, [&] {
+    return has(store, admitted) || has(store, prefix_ + "/finished") || has(store, group_failed_);
+  });
+  if (has(store, group_failed_)) throw CommError("tandem: the group failed: " + get_text(store, group_failed_));
+  if (!has(store, admitted)) {
+    throw CommError("tandem: replacement " + self + " (launch rank " + std::to_string(launch_rank_) +
+                    ") was not admitted within " + std::to_string(limit_s) + " s: " +
+                    (has(store, prefix_ + "/finished") ? "the group finished training first"
+                                                       : "no member began a step meanwhile") +
+                    ".");
+  }
+  const int64_t epoch = std::stoll(get_text(store, admitted));
+  const std::string membership = get_text(store, prefix_ + "/e" + std::to_string(epoch) + "/members");
+  if (!enter(epoch, membership)) reform("a member failed while admitting this replacement", admitted_step_);
+}
+
+bool FaultTolerantWorld::begin_step(int64_t& step, const std::function<void()>& rebuild) {
+  if (active_ && !changed_) {
+    // Which join requests to admit at this step: the first proposal written is every member's.
+    c10d::Store& store = *store_;
+    const std::string base = prefix_ + "/e" + std::to_string(epoch_) + "/s" + std::to_string(step);
+    const int64_t seen = store.add(prefix_ + "/join/count", 0);
+    const int64_t decided = std::stoll(store.compareSet(base + "/admit", "", std::to_string(seen)));
+    if (decided > joins_seen_) {
+      std::vector<std::string> alive;
+      for (std::size_t i = 0; i < members_.size(); ++i) alive.push_back(id(i));
+      const int64_t epoch = epoch_ + 1;
+      if (!enter(epoch, decide(epoch, alive, decided, step))) {
+        reform("a member failed while admitting a replacement", step);
+      }
+    }
+  }
+  bool rebuilt = false;
+  while (changed_) {
+    changed_ = false;
+    if (replacement() && admitted_step_ >= 0) step = admitted_step_;
+    try {
+      rebuild();  // heals heal_receivers(): a member may die meanwhile
+      rebuilt = true;
+    } catch (const CommError& e) {
+      if (!active_) throw;
+      const std::string base = prefix_ + "/e" + std::to_string(epoch_) + "/s" + std::to_string(step);
+      store_->compareSet(base + "/decision", "", kAbort);  // nobody may commit this step now
+      ++aborted_;
+      reform(std::string("rebuilding the world failed: ") + e.what(), step);
+    }
+  }
+  return rebuilt;
 }
 
 StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& work) {
@@ -112,7 +259,8 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
         if (has(store, decision_key)) return true;
         if (store.add(base + "/ok", 0) == size) return true;
         if (store.add(dead_prefix_ + "count", 0) != dead_before) {
-          for (int m : members_) any_dead = any_dead || has(store, dead_prefix_ + std::to_string(m));
+          for (std::size_t i = 0; i < members_.size(); ++i)
+            any_dead = any_dead || has(store, dead_prefix_ + id(i));
         }
         return any_dead;
       });
@@ -124,61 +272,146 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
     }
   }
   if (decision == kCommit) {
+    committed_in_epoch_ = true;
     // Keys of the step before are read by nobody now: every member voted on this one.
     if (rank() == 0 && step > 0) {
       const std::string before = prefix_ + "/e" + std::to_string(epoch_) + "/s" + std::to_string(step - 1);
-      store.deleteKey(before + "/ok");
-      store.deleteKey(before + "/decision");
+      for (const char* key : {"/ok", "/decision", "/admit"}) store.deleteKey(before + key);
     }
     return StepOutcome::kCommitted;
   }
   ++aborted_;
-  reform(failure.empty() ? "a peer voted to abort step " + std::to_string(step) : failure);
+  reform(failure.empty() ? "a peer voted to abort step " + std::to_string(step) : failure, step);
   return StepOutcome::kAborted;
 }
 
-void FaultTolerantWorld::reform(const std::string& why) {
+std::string FaultTolerantWorld::decide(int64_t epoch, const std::vector<std::string>& alive,
+                                       int64_t requests, int64_t step) {
+  c10d::Store& store = *store_;
+  Membership m;
+  for (const std::string& a : alive) m.members.push_back(parse_id(a));
+  m.requests = requests;
+  m.step = step;
+  // Members that still need the state: nobody healed them while no step committed since.
+  if (!committed_in_epoch_) {
+    for (const std::string& r : receiver_ids_) {
+      if (contains(m.members, parse_id(r))) m.receivers.push_back(parse_id(r));
+    }
+  }
+  for (int64_t i = joins_seen_ + 1; i <= requests; ++i) {
+    const MemberId joiner = parse_id(get_text(store, prefix_ + "/join/" + std::to_string(i)));
+    if (has(store, dead_prefix_ + joiner.text())) continue;  // died before it was admitted
+    // One process per launch rank: a request for a rank whose member is as new is stale; a newer
+    // one replaces the member (the launcher replaces only a dead process).
+    if (std::any_of(m.members.begin(), m.members.end(), [&](const MemberId& x) {
+          return x.rank == joiner.rank && x.incarnation >= joiner.incarnation;
+        }))
+      continue;
+    auto drop = [&](std::vector<MemberId>& v) {
+      v.erase(std::remove_if(v.begin(), v.end(), [&](const MemberId& x) { return x.rank == joiner.rank; }),
+              v.end());
+    };
+    drop(m.members);
+    drop(m.receivers);
+    m.members.push_back(joiner);
+    m.receivers.push_back(joiner);
+  }
+  std::sort(m.members.begin(), m.members.end(),
+            [](const MemberId& a, const MemberId& b) { return a.rank < b.rank; });
+  return store.compareSet(prefix_ + "/e" + std::to_string(epoch) + "/members", "", m.text());
+}
+
+bool FaultTolerantWorld::enter(int64_t epoch, const std::string& text) {
+  c10d::Store& store = *store_;
+  const Membership m = Membership::parse(text);
+  members_.clear();
+  incarnations_.clear();
+  for (const MemberId& x : m.members) {
+    members_.push_back(x.rank);
+    incarnations_.push_back(x.incarnation);
+  }
+  joins_seen_ = m.requests;
+  receiver_ids_.clear();
+  for (const MemberId& r : m.receivers) receiver_ids_.push_back(r.text());
+  admitted_step_ = m.step;
+  epoch_ = epoch;
+  committed_in_epoch_ = false;
+  changed_ = true;
+  const std::string self = MemberId{launch_rank_, incarnation_}.text();
+  if (rank() < 0) {
+    throw CommError("tandem: rank " + self + " reached the quorum of epoch " + std::to_string(epoch) +
+                    " after the others had closed it without it (members " + join_ids(m.members) +
+                    "); it leaves the job. Raise ft.quorum_timeout_s (--set ft.quorum_timeout_s=...) "
+                    "if ranks are this slow to notice a failure.");
+  }
+  if (static_cast<int64_t>(members_.size()) < options_.min_replicas) {
+    fail_group("tandem: only " + std::to_string(members_.size()) + " rank(s) remain (" +
+                    join_ids(m.members) + "), fewer than ft.min_replicas = " +
+                    std::to_string(options_.min_replicas) +
+                    "; the group fails and the launcher restarts it from its checkpoint.");
+  }
+  receivers_.clear();
+  source_ = -1;
+  for (std::size_t i = 0; i < m.members.size(); ++i) {
+    if (contains(m.receivers, m.members[i])) {
+      receivers_.push_back(static_cast<int>(i));
+    } else if (source_ < 0) {
+      source_ = static_cast<int>(i);
+    }
+  }
+  if (source_ < 0) {
+    fail_group("tandem: no member of epoch " + std::to_string(epoch) + " (" + join_ids(m.members) +
+                    ") holds the training state: every one that did died before healing the "
+                    "replacements; the group fails and the launcher restarts it from its checkpoint.");
+  }
+  // The replacements learn their epoch (the membership key holds the rest).
+  for (const MemberId& r : m.receivers) store.set(prefix_ + "/admitted/" + r.text(), std::to_string(epoch));
+  try {
+    world_ = connect_world(store_, rank(), world_size(), comm_, prefix_ + "/e" + std::to_string(epoch));
+    return true;
+  } catch (const CommError&) {
+    return false;  // a member died during the rendezvous: the next epoch leaves it out
+  }
+}
+
+void FaultTolerantWorld::reform(const std::string& why, int64_t step) {
   c10d::Store& store = *store_;
   // Peers still blocked in the old world's collectives fail now instead of at their timeout.
-  world_->abort("tandem: step aborted (" + why + "); re-forming without the lost ranks");
+  if (world_) world_->abort("tandem: step aborted (" + why + "); re-forming without the lost ranks");
   for (;;) {
     const int64_t epoch = epoch_ + 1;
     const std::string base = prefix_ + "/e" + std::to_string(epoch);
-    const auto start = Clock::now();
-    store.set(base + "/joined/" + std::to_string(launch_rank_), "1");
-    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(
-                                      std::chrono::duration<double>(options_.quorum_timeout_s));
-    const std::vector<int> last = members_;
-    poll_until(deadline, [&] {
-      return std::all_of(last.begin(), last.end(), [&](int m) {
-        return has(store, base + "/joined/" + std::to_string(m)) ||
-               has(store, dead_prefix_ + std::to_string(m));
-      });
+    const std::string self = MemberId{launch_rank_, incarnation_}.text();
+    store.set(base + "/joined/" + self, "1");
+    std::vector<std::string> last;
+    for (std::size_t i = 0; i < members_.size(); ++i) last.push_back(id(i));
+    auto joined = [&](const std::string& m) { return has(store, base + "/joined/" + m); };
+    auto dead = [&](const std::string& m) { return has(store, dead_prefix_ + m); };
+    poll_until(Clock::now() + seconds(options_.quorum_timeout_s), [&] {
+      return std::all_of(last.begin(), last.end(), [&](const std::string& m) { return joined(m) || dead(m); });
     });
-    std::vector<int> joined;
-    for (int m : last) {
-      if (has(store, base + "/joined/" + std::to_string(m))) joined.push_back(m);
+    std::vector<std::string> alive;
+    std::vector<int> lost;  // launch ranks
+    for (std::size_t i = 0; i < last.size(); ++i) {
+      if (joined(last[i])) {
+        alive.push_back(last[i]);
+      } else {
+        lost.push_back(members_[i]);
+      }
     }
-    members_ = parse_ranks(store.compareSet(base + "/members", "", join_ranks(joined)));
-    epoch_ = epoch;
-    if (std::find(members_.begin(), members_.end(), launch_rank_) == members_.end()) {
-      throw CommError("tandem: rank " + std::to_string(launch_rank_) + " reached the quorum of epoch " +
-                      std::to_string(epoch) + " after the others had closed it without it (members " +
-                      join_ranks(members_) + "); it leaves the job. Raise ft.quorum_timeout_s "
-                      "(--set ft.quorum_timeout_s=...) if ranks are this slow to notice a failure.");
-    }
-    if (static_cast<int64_t>(members_.size()) < options_.min_replicas) {
-      throw CommError("tandem: after " + why + ", only " + std::to_string(members_.size()) +
-                      " rank(s) remain (" + join_ranks(members_) + "), fewer than ft.min_replicas = " +
-                      std::to_string(options_.min_replicas) +
-                      "; the group fails and the launcher restarts it from its checkpoint.");
-    }
-    try {
-      world_ = connect_world(store_, rank(), world_size(), comm_, base);
-      return;
-    } catch (const CommError&) {
-      // Another member died during the rendezvous: the next epoch leaves it out as well.
-    }
+    // Join requests so far, and, for up to ft.replacement_wait_s, replacements of the lost ranks
+    // (tandemrun --ft-replace).
+    int64_t requests = joins_seen_;
+    std::vector<int> missing = options_.replacement_wait_s > 0 ? lost : std::vector<int>();
+    auto scan = [&] {
+      for (const int64_t n = store.add(prefix_ + "/join/count", 0); requests < n; ++requests) {
+        const MemberId j = parse_id(get_text(store, prefix_ + "/join/" + std::to_string(requests + 1)));
+        missing.erase(std::remove(missing.begin(), missing.end(), j.rank), missing.end());
+      }
+      return missing.empty();
+    };
+    if (!scan()) poll_until(Clock::now() + seconds(options_.replacement_wait_s), scan);
+    if (enter(epoch, decide(epoch, alive, requests, step))) return;
   }
 }
 

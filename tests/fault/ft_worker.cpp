@@ -4,8 +4,9 @@
 // samples) depends only on s; a rank trains on its slice of it by its rank and size in the current
 // epoch, so the result depends only on which world trained which step.
 //
-//   ft_worker --out FILE [--steps N]
-//     trains; the final epoch's rank 0 writes the parameters' raw bytes to FILE.
+//   ft_worker --out FILE [--steps N] [--pause-ms MS]
+//     trains (pausing MS after each step); the final epoch's rank 0 writes the parameters' raw
+//     bytes to FILE.
 //   ft_worker --out FILE --ckpt DIR --save-at K     (the reference's first part)
 //     saves a checkpoint after step K and stops there.
 //   ft_worker --out FILE --ckpt DIR [--every K]     (its second part, at the smaller world size)
@@ -15,8 +16,13 @@
 // Fault injection (environment): FT_KILL_RANKS=r[,r...] FT_KILL_STEP=k FT_KILL_AT=p makes those
 // launch ranks SIGKILL themselves in step k, at p: forward (before it), backward (mid-backward,
 // with gradient buckets in flight), vote (after backward, before the commit vote) or after (after
-// the commit, before the optimizer step). Only on the first attempt (TORCHELASTIC_RESTART_COUNT=0).
-// FT_KILL_SIGNAL=STOP stops them instead (a hang, for tandemrun's heartbeat timeout).
+// the commit, before the optimizer step). Only the first attempt's first processes
+// (TORCHELASTIC_RESTART_COUNT=0, no TANDEM_REPLACEMENT). FT_KILL_SIGNAL=STOP stops them instead (a
+// hang, for tandemrun's heartbeat timeout). FT_HEAL_KILL=source|receiver: the first heal's source,
+// or its first-incarnation receiver, SIGKILLs itself as the heal begins. FT_REPLACEMENT_DELAY_MS:
+// a replacement waits this long before asking to join.
+// Under tandemrun --ft-replace a replacement joins, heals (model, optimizer) from a live peer and
+// trains on from the group's step; "ft healed step S receivers R" is printed by the source.
 // Output: "ft start pid P rank R", "ft aborted step S epoch E members M", "ft done pid P rank R
 // epoch E since S aborted A members M" (since: the first step the final epoch trained).
 #include <ATen/CPUGeneratorImpl.h>
@@ -31,12 +37,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace {
 
@@ -50,7 +58,7 @@ std::string env_or(const char* key, const char* fallback) {
 
 bool kills_here(int launch_rank, int64_t step, const std::string& point) {
   if (env_or("FT_KILL_AT", "") != point || std::stoll(env_or("FT_KILL_STEP", "-1")) != step ||
-      env_or("TORCHELASTIC_RESTART_COUNT", "0") != "0")
+      env_or("TORCHELASTIC_RESTART_COUNT", "0") != "0" || env_or("TANDEM_REPLACEMENT", "0") != "0")
     return false;
   std::stringstream ranks(env_or("FT_KILL_RANKS", ""));
   std::string r;
@@ -60,12 +68,15 @@ bool kills_here(int launch_rank, int64_t step, const std::string& point) {
   return false;
 }
 
-void maybe_kill(int launch_rank, int64_t step, const std::string& point) {
-  if (!kills_here(launch_rank, step, point)) return;
+void kill_self(int launch_rank, int64_t step, const std::string& point) {
   std::printf("ft kill rank %d step %lld at %s\n", launch_rank, static_cast<long long>(step),
               point.c_str());
   std::fflush(stdout);
   ::raise(env_or("FT_KILL_SIGNAL", "KILL") == "STOP" ? SIGSTOP : SIGKILL);
+}
+
+void maybe_kill(int launch_rank, int64_t step, const std::string& point) {
+  if (kills_here(launch_rank, step, point)) kill_self(launch_rank, step, point);
 }
 
 std::string members_text(const std::vector<int>& members) {
@@ -83,23 +94,28 @@ int train(tandem::Context& ctx) {
   app.add_option("--ckpt", ckpt_dir);
   app.add_option("--save-at", save_at);
   app.add_option("--every", every);
+  int pause_ms = 0;  // per step: a replacement (seconds to start) finds the group still training
+  app.add_option("--pause-ms", pause_ms);
   app.parse(ctx.argc(), ctx.argv());
 
+  // A replacement that starts late: the others went on without it meanwhile.
+  if (env_or("TANDEM_REPLACEMENT", "0") != "0")
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::stoi(env_or("FT_REPLACEMENT_DELAY_MS", "0"))));
   tandem::FaultTolerantWorld ft(ctx.distributed(), ctx.config().comm, ctx.config().ft);
   const int launch_rank = ctx.rank();
   torch::manual_seed(7);
   torch::nn::Sequential model(torch::nn::Linear(10, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
   tandem::DistributedDataParallelOptions dp_options;
   dp_options.bucket_cap_mb = 0.0005;  // several buckets: some are in flight mid-backward
-  auto make_ddp = [&] { return std::make_unique<Ddp>(model.ptr(), ft.communicator(), dp_options); };
-  auto ddp = make_ddp();
+  std::unique_ptr<Ddp> ddp;
   torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
 
   // The manager agrees over its communicator: after an abort it is built again on the new world.
+  // Without --ckpt it only heals (nothing is written to its directory).
   std::unique_ptr<tandem::CheckpointManager> ckpt;
   auto make_ckpt = [&] {
     tandem::CheckpointManagerOptions o;
-    o.directory = ckpt_dir;
+    o.directory = ckpt_dir.empty() ? out + ".heal-only" : ckpt_dir;
     o.async = false;
     o.every_n_steps = every;
     o.communicator = ft.communicator();
@@ -107,16 +123,40 @@ int train(tandem::Context& ctx) {
     ckpt->add_module("model", *model);
     ckpt->add_optimizer("optim", opt);
   };
-  int64_t start = 0;
-  if (!ckpt_dir.empty()) {
+  int64_t step = 0;
+  // What agrees over the world, built again on each new one; a replacement is healed first (the
+  // wrapper's constructor broadcasts rank 0's parameters, and rank 0 may be the replacement).
+  auto rebuild = [&] {
+    ddp.reset();
     make_ckpt();
-    if (save_at < 0) start = ckpt->resume();
+    if (!ft.heal_receivers().empty()) {
+      const auto& r = ft.heal_receivers();
+      const bool source = ft.rank() == ft.heal_source();
+      const bool receiver = std::find(r.begin(), r.end(), ft.rank()) != r.end();
+      const std::string kill = env_or("FT_HEAL_KILL", "");
+      if ((kill == "source" && source && env_or("TANDEM_REPLACEMENT", "0") == "0" && ft.epoch() == 1) ||
+          (kill == "receiver" && receiver && env_or("TANDEM_REPLACEMENT", "0") == "1"))
+        kill_self(launch_rank, step, "heal");
+      ckpt->heal(ft.heal_source(), r);
+      if (source) {
+        std::printf("ft healed step %lld receivers %zu epoch %lld\n", static_cast<long long>(step),
+                    r.size(), static_cast<long long>(ft.epoch()));
+        std::fflush(stdout);
+      }
+    }
+    ddp = std::make_unique<Ddp>(model.ptr(), ft.communicator(), dp_options);
+  };
+  if (!ft.replacement()) {
+    rebuild();
+    if (!ckpt_dir.empty() && save_at < 0) step = ckpt->resume();
   }
-  std::printf("ft start pid %d rank %d\n", static_cast<int>(::getpid()), launch_rank);
+  std::printf("ft start pid %d rank %d%s\n", static_cast<int>(::getpid()), launch_rank,
+              ft.replacement() ? " replacement" : "");
   std::fflush(stdout);
 
-  int64_t since = start;
-  for (int64_t step = start; step < steps;) {
+  int64_t since = step;
+  while (step < steps) {
+    if (ft.begin_step(step, rebuild)) since = step;
     opt.zero_grad();
     auto work = [&] {
       maybe_kill(launch_rank, step, "forward");
@@ -141,21 +181,19 @@ int train(tandem::Context& ctx) {
       std::printf("ft aborted step %lld epoch %lld members %s\n", static_cast<long long>(step),
                   static_cast<long long>(ft.epoch()), members_text(ft.members()).c_str());
       std::fflush(stdout);
-      ddp = make_ddp();
-      if (ckpt) make_ckpt();
-      since = step;
-      continue;
+      continue;  // begin_step() rebuilds on the new world
     }
     maybe_kill(launch_rank, step, "after");
+    if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
     opt.step();
     tandem::heartbeat();
     ++step;
-    if (ckpt && step == save_at) {
+    if (step == save_at) {
       ckpt->save(step);
       ckpt->wait();
       break;
     }
-    if (ckpt) ckpt->maybe_save(step);
+    if (!ckpt_dir.empty()) ckpt->maybe_save(step);
   }
   if (ft.rank() == 0 && save_at < 0) {
     std::ofstream file(out, std::ios::binary | std::ios::trunc);

@@ -127,7 +127,7 @@ TEST(CommandLineTest, HelpDocumentsEveryOption) {
   for (const char* option :
        {"--nnodes", "--node-rank", "--node_rank", "--nproc-per-node", "--nproc_per_node",
         "--master-addr", "--master-port", "--standalone", "--run-id", "--grace-period-s", "--help",
-        "--max-restarts", "--monitor-interval", "--heartbeat-timeout", "--ft",
+        "--max-restarts", "--monitor-interval", "--heartbeat-timeout", "--ft", "--ft-replace",
         "--version", "PROGRAM [ARGS...]", "Exit status"}) {
     EXPECT_NE(r.out.find(option), std::string::npos) << option << " missing from:\n" << r.out;
   }

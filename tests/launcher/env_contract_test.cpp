@@ -73,15 +73,20 @@ INSTANTIATE_TEST_SUITE_P(Workers, EnvContract, ::testing::Values(1, 2, 3, 4),
                          });
 
 // --ft (docs/fault_tolerance.md): tandemrun serves the store, and says where it reports deaths.
+// --ft-replace implies it; the first processes are no replacements (no TANDEM_REPLACEMENT).
 TEST(EnvContractTest, FtWorkersUseTheLaunchersStore) {
-  const RunResult r = run_tandemrun(
-      {"--standalone", "--ft", "--nproc-per-node", "2", "--run-id", "ftrun", worker_path(), "env"});
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  const auto envs = parse_env(r.out);
-  ASSERT_EQ(envs.size(), 2u);
-  for (const auto& [rank, e] : envs) {
-    EXPECT_EQ(e.at("TORCHELASTIC_USE_AGENT_STORE"), "True") << "rank " << rank;
-    EXPECT_EQ(e.at("TANDEM_FT"), "tandemrun/ftrun/restart0/ft") << "rank " << rank;
+  for (const char* flag : {"--ft", "--ft-replace"}) {
+    SCOPED_TRACE(flag);
+    const RunResult r = run_tandemrun(
+        {"--standalone", flag, "--nproc-per-node", "2", "--run-id", "ftrun", worker_path(), "env"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto envs = parse_env(r.out);
+    ASSERT_EQ(envs.size(), 2u);
+    for (const auto& [rank, e] : envs) {
+      EXPECT_EQ(e.at("TORCHELASTIC_USE_AGENT_STORE"), "True") << "rank " << rank;
+      EXPECT_EQ(e.at("TANDEM_FT"), "tandemrun/ftrun/restart0/ft") << "rank " << rank;
+      EXPECT_EQ(e.count("TANDEM_REPLACEMENT"), 0u) << "rank " << rank;
+    }
   }
 }
 

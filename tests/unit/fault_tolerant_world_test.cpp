@@ -1,6 +1,6 @@
 // FaultTolerantWorld (include/tandem/runtime/fault_tolerance.h) with ranks as threads over one
-// HashStore, the test playing the launcher's part (dead/<rank> and dead/count). The process tests
-// through tandemrun --ft are tests/fault/ft_test.cpp.
+// HashStore, the test playing the launcher's part (dead/<rank>.<incarnation> and dead/count, and
+// starting a replacement). The process tests through tandemrun --ft are tests/fault/ft_*test.cpp.
 #include <tandem/base/errors.h>
 #include <tandem/runtime/fault_tolerance.h>
 
@@ -103,7 +103,7 @@ TEST(FaultTolerantWorld, AMemberReportedDeadIsLeftOutAtOnce) {
     if (rank == 2) {  // "dies" after the first step, before voting on the second
       EXPECT_EQ(ft.step(0, [] {}), StepOutcome::kCommitted);
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
-      store->set(std::string(kLauncherKeys) + "/dead/2", "killed");
+      store->set(std::string(kLauncherKeys) + "/dead/2.0", "killed");
       store->add(std::string(kLauncherKeys) + "/dead/count", 1);
       return;
     }
@@ -129,7 +129,7 @@ TEST(FaultTolerantWorld, BelowMinReplicasFails) {
     o.min_replicas = 2;
     FaultTolerantWorld ft(d, comm, o);
     if (rank == 1) {
-      store->set(std::string(kLauncherKeys) + "/dead/1", "killed");
+      store->set(std::string(kLauncherKeys) + "/dead/1.0", "killed");
       store->add(std::string(kLauncherKeys) + "/dead/count", 1);
       return;
     }
@@ -142,6 +142,91 @@ TEST(FaultTolerantWorld, BelowMinReplicasFails) {
     }
   });
 }
+
+// Ranks 0-2 train; rank 2 dies after step 0 and thread 3 plays its replacement (incarnation 1),
+// started once the launcher reported the death. `wait_s` is ft.replacement_wait_s: with it the
+// survivors wait for the replacement while re-forming after the aborted step 1; without, they go
+// on as two and admit it at the start of a later step. Either way every member agrees on who
+// heals whom, and the world is whole again.
+void replace_rank_2(double wait_s) {
+  testing::run_threads(4, [wait_s](int thread, c10::intrusive_ptr<c10d::Store> store) {
+    FaultToleranceOptions o = enabled();
+    o.replacement_wait_s = wait_s;
+    InitOptions comm;
+    const std::string dead = std::string(kLauncherKeys) + "/dead/2.0";
+    at::Tensor t = at::ones({16});
+    // With a wait it asks to join once rank 2 is reported dead; without, once the survivors
+    // committed a step as two.
+    const std::string start_key = wait_s > 0 ? dead : "test/shrunk";
+    if (thread == 3) {  // the replacement: no world of its own until admitted
+      while (!store->check({start_key})) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      Distributed d;
+      d.env.rank = 2;
+      d.env.world_size = 3;
+      d.env.ft_keys = kLauncherKeys;
+      d.env.ft_join = 1;
+      d.store = store;
+      comm.env = d.env;
+      comm.backend = "gloo";
+      comm.store_prefix = "test";
+      comm.timeout = std::chrono::seconds(20);
+      FaultTolerantWorld ft(d, comm, o);
+      EXPECT_TRUE(ft.replacement());
+      int64_t step = -1;
+      EXPECT_TRUE(ft.begin_step(step, [&] {
+        EXPECT_EQ(ft.heal_receivers(), std::vector<int>{2});
+        EXPECT_EQ(ft.heal_source(), 0);
+      }));
+      EXPECT_GE(step, 1);
+      EXPECT_EQ(ft.rank(), 2);
+      EXPECT_EQ(ft.step(step, [&] { ft.communicator()->allreduce(t)->wait(); }), StepOutcome::kCommitted);
+      EXPECT_EQ(t[0].item<float>(), 3.0f);
+      return;
+    }
+    const Distributed d = connect(thread, 3, store, comm);
+    FaultTolerantWorld ft(d, comm, o);
+    auto allreduce = [&] {
+      t = at::ones({16});
+      ft.communicator()->allreduce(t)->wait();
+    };
+    EXPECT_EQ(ft.step(0, allreduce), StepOutcome::kCommitted);
+    if (thread == 2) {  // dies before voting on step 1
+      store->set(dead, "killed");
+      store->add(std::string(kLauncherKeys) + "/dead/count", 1);
+      return;
+    }
+    EXPECT_EQ(ft.step(1, allreduce), StepOutcome::kAborted);
+    std::vector<int> receivers;
+    int source = -1;
+    auto rebuild = [&] {
+      receivers = ft.heal_receivers();
+      source = ft.heal_source();
+    };
+    int64_t step = 1;
+    for (;; ++step) {
+      ft.begin_step(step, rebuild);
+      if (ft.world_size() == 3 || step == 400) break;
+      EXPECT_EQ(ft.step(step, allreduce), StepOutcome::kCommitted);
+      if (thread == 0) store->set("test/shrunk", "1");
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_EQ(ft.world_size(), 3);
+    if (wait_s > 0) {
+      EXPECT_EQ(step, 1);  // the redone step already has the replacement
+    } else {
+      EXPECT_GT(step, 1);  // steps at the smaller size came first
+    }
+    EXPECT_EQ(receivers, std::vector<int>{2});
+    EXPECT_EQ(source, 0);
+    EXPECT_EQ(ft.members(), (std::vector<int>{0, 1, 2}));
+    EXPECT_EQ(ft.step(step, allreduce), StepOutcome::kCommitted);
+    EXPECT_EQ(t[0].item<float>(), 3.0f);
+  });
+}
+
+TEST(FaultTolerantWorld, SurvivorsWaitForAReplacementAndHealIt) { replace_rank_2(10.0); }
+
+TEST(FaultTolerantWorld, ALateReplacementIsAdmittedAtAStepStart) { replace_rank_2(0.0); }
 
 }  // namespace
 }  // namespace tandem

@@ -292,6 +292,11 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "without it (ft.enabled in the program) and the group restarts only when they fail "
                "too")
       ->envname("PET_FT");
+  app.add_flag("--ft-replace", o.ft_replace,
+               "With --ft (implied): start a replacement for each worker that dies (a standby's "
+               "process when there is one); it joins the others at their next step and receives "
+               "the training state from a live peer. Each replacement uses one of --max-restarts")
+      ->envname("PET_FT_REPLACE");
   app.add_option("--trace-dir,--trace_dir", o.trace_dir,
                  "Workers record timelines into DIR (TANDEM_TRACE_DIR); merged into "
                  "DIR/timeline.json with a summary after the run (docs/timeline.md)")
@@ -423,6 +428,7 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   parse_nnodes(nnodes, o);
   o.node_rank_given = node_rank_option->count() > 0 || cluster.node_rank.has_value();
   if (standby_option->count() > 0) o.standby_mode = standby ? StandbyMode::kOn : StandbyMode::kOff;
+  if (o.ft_replace) o.ft = true;  // --ft-replace implies --ft
   validate(o, port->count() > 0);
   parse_std_spec(o.redirects, "--redirects");  // validated here; applied per worker
   parse_std_spec(o.tee, "--tee");

@@ -31,6 +31,7 @@ struct LauncherOptions {
   double heartbeat_timeout_s = 0;        // a worker silent this long after its first beat fails; 0 off
   std::string trace_dir;                 // --trace-dir: TANDEM_TRACE_DIR for workers, merged after
   bool ft = false;  // --ft: serve the store, report dead workers to it, keep the survivors running
+  bool ft_replace = false;  // --ft-replace (implies --ft): start a replacement for a dead worker
   int metrics_port = 0;                  // --metrics-port: Prometheus endpoint of the local ranks; 0 off
   std::string metrics_host = "127.0.0.1";  // --metrics-host: the address it binds
   StandbyMode standby_mode = StandbyMode::kAuto;

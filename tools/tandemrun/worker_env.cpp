@@ -59,7 +59,8 @@ std::vector<std::string> build_worker_env(const LauncherOptions& options, const 
   const std::map<std::string, std::string> channels = {
       {"TORCHELASTIC_ERROR_FILE", slot.error_file}, {"TANDEM_HEARTBEAT_FILE", slot.heartbeat_file},
       {"TANDEM_FLIGHT_RECORDER_DIR", slot.flight_dir}, {"TANDEM_METRICS_FILE", slot.metrics_file},
-      {"TANDEM_FT", options.ft ? ft_keys(options, slot.restart_count) : std::string()}};
+      {"TANDEM_FT", options.ft ? ft_keys(options, slot.restart_count) : std::string()},
+      {"TANDEM_REPLACEMENT", slot.incarnation > 0 ? std::to_string(slot.incarnation) : std::string()}};
 
   std::vector<std::string> env;
   env.reserve(base_env.size() + vars.size());

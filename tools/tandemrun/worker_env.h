@@ -16,14 +16,15 @@ struct WorkerSlot {
   std::string heartbeat_file;  // TANDEM_HEARTBEAT_FILE when not empty (--heartbeat-timeout > 0)
   std::string flight_dir;      // TANDEM_FLIGHT_RECORDER_DIR: where the flight recorder dumps
   std::string metrics_file;    // TANDEM_METRICS_FILE when not empty (--metrics-port)
+  int incarnation = 0;  // --ft-replace: > 0 replaces a dead worker (TANDEM_REPLACEMENT)
 };
 
 // Global rank of a local worker: node_rank * nproc_per_node + local_rank (torchrun's layout).
 int global_rank(const LauncherOptions& options, int local_rank);
 
 // With --ft: the store prefix under which tandemrun reports dead workers of attempt
-// `restart_count` (TANDEM_FT; <prefix>/dead/<rank> and the counter <prefix>/dead/count, read by
-// tandem::FaultTolerantWorld).
+// `restart_count` (TANDEM_FT; <prefix>/dead/<rank>.<incarnation> and the counter
+// <prefix>/dead/count, read by tandem::FaultTolerantWorld).
 std::string ft_keys(const LauncherOptions& options, int restart_count);
 
 // Builds the complete environment ("KEY=VALUE" entries) of one worker: `base_env` (tandemrun's

@@ -40,36 +40,12 @@ constexpr int kMaxPollMs = 1000;
 // in uninterruptible sleep can outlive SIGKILL for a while).
 constexpr std::chrono::seconds kKillWait{10};
 
-// Seconds since `path` was last modified (its heartbeat); nullopt while it does not exist.
-std::optional<double> seconds_since_modified(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
-  timespec now{};
-  ::clock_gettime(CLOCK_REALTIME, &now);
-  return static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
-         static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) * 1e-9;
-}
-
-// True when `pid` is stopped by a signal (SIGSTOP, SIGTSTP) or a debugger: state T or t in
-// /proc/PID/stat (the field after the parenthesised command name, which may hold spaces).
-bool is_stopped(pid_t pid) {
-  char path[64];
-  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
-  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return false;
-  char text[512];
-  const ssize_t n = ::read(fd, text, sizeof text - 1);
-  ::close(fd);
-  if (n <= 0) return false;
-  text[n] = '\0';
-  const char* close = std::strrchr(text, ')');
-  return close != nullptr && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
-}
-
-// Opens (truncates) one worker log file; an empty path means none.
-UniqueFd open_log_file(const std::string& path) {
+// Opens (truncates) one worker log file; an empty path means none. `append`: a replacement's
+// lines follow those of the worker it replaces.
+UniqueFd open_log_file(const std::string& path, bool append) {
   if (path.empty()) return UniqueFd();
-  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  const int mode = append ? O_APPEND : O_TRUNC;
+  UniqueFd fd(::open(path.c_str(), O_WRONLY | O_CREAT | mode | O_CLOEXEC, 0644));
   if (!fd.valid()) {
     throw Error("cannot create the worker log file " + path + ": " + std::strerror(errno) +
                 "; choose a writable --log-dir");
@@ -151,7 +127,7 @@ void WorkerGroup::start(int restart_count) {
   if (log_dir_) log_dir_->prepare_attempt(restart_count, options_.nproc_per_node);
   try {
     for (int local_rank = 0; local_rank < options_.nproc_per_node; ++local_rank)
-      spawn(local_rank, restart_count);
+      workers_.push_back(spawn(local_rank, restart_count));
   } catch (...) {
     stop(SIGKILL, std::chrono::milliseconds(0));
     throw;
@@ -179,16 +155,18 @@ void WorkerGroup::start(int restart_count) {
   if (options_.standby && restart_count < options_.max_restarts) start_standby(restart_count);
 }
 
-void WorkerGroup::spawn(int local_rank, int restart_count) {
+Worker WorkerGroup::spawn(int local_rank, int restart_count, int incarnation) {
   const int rank = global_rank(options_, local_rank);
   WorkerSlot slot;
   slot.local_rank = local_rank;
   slot.restart_count = restart_count;
-  const std::string file_stem =
-      state_dir_ + "/restart" + std::to_string(restart_count) + "-rank" + std::to_string(rank);
+  slot.incarnation = incarnation;
+  const std::string suffix = incarnation > 0 ? "." + std::to_string(incarnation) : "";
+  const std::string file_stem = state_dir_ + "/restart" + std::to_string(restart_count) + "-rank" +
+                                std::to_string(rank) + suffix;
   const std::string rank_dir =
       log_dir_ ? log_dir_->rank_dir(restart_count, local_rank) : std::string();
-  slot.error_file = log_dir_ ? rank_dir + "/error.json" : file_stem + ".error.json";
+  slot.error_file = log_dir_ ? rank_dir + "/error" + suffix + ".json" : file_stem + ".error.json";
   if (options_.heartbeat_timeout_s > 0) slot.heartbeat_file = file_stem + ".heartbeat";
   slot.flight_dir = flight_dir(restart_count);
   if (metrics_) slot.metrics_file = metrics_dir_ + "/rank" + std::to_string(rank) + ".txt";
@@ -197,8 +175,8 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
   std::vector<std::string> env = build_worker_env(options_, slot, base_env_);
   const WorkerRoutes routes =
       route_worker(redirects_, tee_, options_.local_ranks_filter, local_rank, rank_dir);
-  StreamSink out_sink{routes.out.console, open_log_file(routes.out.file)};
-  StreamSink err_sink{routes.err.console, open_log_file(routes.err.file)};
+  StreamSink out_sink{routes.out.console, open_log_file(routes.out.file, incarnation > 0)};
+  StreamSink err_sink{routes.err.console, open_log_file(routes.err.file, incarnation > 0)};
 
   std::optional<LaunchedProcess> process = standby_.activate(local_rank, env);
   if (process) {
@@ -212,9 +190,31 @@ void WorkerGroup::spawn(int local_rank, int restart_count) {
   worker.pid = process->pid;
   worker.error_file = slot.error_file;
   worker.heartbeat_file = slot.heartbeat_file;
-  workers_.push_back(worker);
+  worker.incarnation = incarnation;
   output_.add_worker(local_rank, rank, std::move(process->out), std::move(process->err),
                      std::move(out_sink), std::move(err_sink));
+  return worker;
+}
+
+void WorkerGroup::replace_worker(int local_rank, int restart_count) {
+  Worker& old = workers_.at(static_cast<std::size_t>(local_rank));
+  if (!old.exit) {  // a hung one: SIGKILLed by the reporter, or now
+    kill_worker(local_rank);
+    siginfo_t info{};
+    while (::waitid(P_PID, static_cast<id_t>(old.pid), &info, WEXITED | WNOWAIT) != 0 && errno == EINTR) {
+    }
+    old.exit = WorkerExit{info.si_code != CLD_EXITED, info.si_status};
+  }
+  output_.drain_worker(local_rank);  // its last lines, before the new one's pipes are added
+  // Whatever it left running goes with it; the zombie is reaped only after that, so its process
+  // group id cannot be reused in between.
+  if (!old.reaped && old.pid > 0) {
+    ::killpg(old.pid, SIGKILL);
+    while (::waitpid(old.pid, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+  const int incarnation = old.incarnation + 1;
+  workers_[static_cast<std::size_t>(local_rank)] = spawn(local_rank, restart_count, incarnation);
 }
 
 LaunchSpec WorkerGroup::program_spec(std::vector<std::string> env, std::string who) const {

@@ -55,6 +55,7 @@ struct Worker {
   bool hung = false;           // failed by heartbeat timeout (it had not exited then)
   double silent_s = 0;         // when hung: seconds since its last heartbeat
   int failure_order = -1;      // 0, 1, ...: the order tandemrun saw workers fail (-1: did not)
+  int incarnation = 0;         // --ft-replace: how many processes held this rank before it
 
   // Failed by itself: exited non-zero or was killed before tandemrun signalled it, or hung.
   bool failed_on_its_own() const {
@@ -146,13 +147,17 @@ class WorkerGroup {
   }
   // --ft: SIGKILLs a hung worker's process group (it stays a zombie until stop(), as any exit).
   void kill_worker(int local_rank);
+  // --ft-replace: ends and reaps the failed worker `local_rank` (and what it left running), and
+  // starts its replacement (the next incarnation, TANDEM_REPLACEMENT) from the standby of that local
+  // rank when there is one. Throws tandem::Error when it cannot be started.
+  void replace_worker(int local_rank, int restart_count);
 
   // The first stop signal (SIGINT, SIGTERM, ...) tandemrun received during the run, also one that
   // cut a stop() or settle() short; 0 if none. A run that received one is never restarted.
   int received_stop_signal() const { return received_stop_signal_; }
 
  private:
-  void spawn(int local_rank, int restart_count);
+  Worker spawn(int local_rank, int restart_count, int incarnation = 0);
   // The program with `env`, its stdin /dev/null.
   LaunchSpec program_spec(std::vector<std::string> env, std::string who) const;
   // Starts one standby per local rank for the attempt after `restart_count`, when the options

@@ -1,6 +1,13 @@
 #include "tools/tandemrun/worker_status.h"
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <ctime>
 
 #include <sstream>
 
@@ -38,6 +45,32 @@ std::string seconds_text(double seconds) {
   std::ostringstream text;
   text << seconds << " s";
   return text.str();
+}
+
+// Seconds since `path` was last modified (its heartbeat); nullopt while it does not exist.
+std::optional<double> seconds_since_modified(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  timespec now{};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return static_cast<double>(now.tv_sec - st.st_mtim.tv_sec) +
+         static_cast<double>(now.tv_nsec - st.st_mtim.tv_nsec) * 1e-9;
+}
+
+// True when `pid` is stopped by a signal (SIGSTOP, SIGTSTP) or a debugger: state T or t in
+// /proc/PID/stat (the field after the parenthesised command name, which may hold spaces).
+bool is_stopped(pid_t pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char text[512];
+  const ssize_t n = ::read(fd, text, sizeof text - 1);
+  ::close(fd);
+  if (n <= 0) return false;
+  text[n] = '\0';
+  const char* close = std::strrchr(text, ')');
+  return close != nullptr && close[1] == ' ' && (close[2] == 'T' || close[2] == 't');
 }
 
 }  // namespace tandem::launcher

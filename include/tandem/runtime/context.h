@@ -59,6 +59,7 @@ class Context {
   const c10::Device& device() const { return device_; }
 
   const Distributed& distributed() const { return dist_; }
+  // Null in a replacement worker of tandemrun --ft-replace: it joins through FaultTolerantWorld.
   const std::shared_ptr<Communicator>& world() const { return dist_.world; }
   int rank() const { return dist_.env.rank; }
   int world_size() const { return dist_.env.world_size; }

@@ -40,6 +40,10 @@ struct DistEnv {
   // workers that died (docs/fault_tolerance.md). Empty: the launcher offers no step-level fault
   // tolerance (torchrun), and a failure restarts the group as before.
   std::string ft_keys;
+  // TANDEM_REPLACEMENT: set by `tandemrun --ft-replace` on a worker that replaces a failed one (its
+  // incarnation, 1 for the first replacement of that rank). tandem::init() then connects the store
+  // only: the replacement joins the running group through FaultTolerantWorld, not epoch 0.
+  int ft_join = 0;
   std::string source = "none";  // where the values came from: "torchrun" (any launcher that
                                 // sets its variables), "slurm" (srun directly) or "none"
 

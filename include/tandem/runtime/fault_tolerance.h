@@ -1,17 +1,20 @@
 // Step-level fault tolerance for data-parallel training (docs/fault_tolerance.md): a worker that
 // dies costs the step it died in, not a restart. The survivors keep their state, agree to drop
-// the step, re-form their communicator without the dead rank and redo the step at the smaller
-// world size.
+// the step and re-form their communicator without the dead rank. They go on at the smaller world
+// size, or, under `tandemrun --ft-replace`, take in a replacement that heals from a live peer and
+// go on at full size, bit for bit as if nothing had happened.
 //
 //   tandem::FaultTolerantWorld ft(ctx.distributed(), ctx.config().comm, ctx.config().ft);
-//   auto ddp = std::make_unique<tandem::DistributedDataParallel<Net>>(model, ft.communicator());
-//   for (int64_t step = 0; step < steps;) {
-//     opt.zero_grad();
-//     auto work = [&] { torch::mse_loss((*ddp)(x(step, ft.rank(), ft.world_size())), y).backward(); };
-//     if (ft.step(step, work) == tandem::StepOutcome::kAborted) {  // a peer died: redo the step
-//       ddp = std::make_unique<tandem::DistributedDataParallel<Net>>(model, ft.communicator());
-//       continue;
+//   int64_t step = ft.replacement() ? 0 : ckpt_resume();  // a replacement heals instead
+//   while (step < steps) {
+//     if (ft.begin_step(step)) {  // the world changed: build what agrees over it again
+//       ckpt = make_manager(ft.communicator());  // registers model, optimizer, RNG, ...
+//       if (!ft.heal_receivers().empty()) ckpt->heal(ft.heal_source(), ft.heal_receivers());
+//       ddp = make_ddp(ft.communicator());  // after healing: its constructor broadcasts rank 0's
 //     }
+//     opt.zero_grad();
+//     auto work = [&] { loss(ddp, batch(step, ft.rank(), ft.world_size())).backward(); };
+//     if (ft.step(step, work) == tandem::StepOutcome::kAborted) continue;  // a peer died: redo
 //     opt.step();  // only after the commit: an aborted step changes nothing
 //     ++step;
 //   }
@@ -20,21 +23,27 @@
 // any worker): each rank that finished the step's collectives counts itself in, a rank whose
 // collective failed votes to abort, and the first decision written (compare-and-set on one key)
 // is every rank's. After an abort the survivors join the next epoch; they wait for each member of
-// the last one to join or be reported dead by the launcher (or for ft.quorum_timeout_s), the
-// first membership written is the new world, ranked by launch rank, and its communicator
-// rendezvouses under a prefix of its own. One key decides each question, so ranks never disagree
-// (no split brain).
+// the last one to join or be reported dead by the launcher (or for ft.quorum_timeout_s), and for
+// up to ft.replacement_wait_s for a dead rank's replacement. A replacement asks to join (a
+// counter and a key per request); the members admit the requests at the start of a step, by one
+// compare-and-set per step. The first membership written is the new world, ranked by launch rank
+// (a replacement takes its predecessor's place), and its communicator rendezvouses under a prefix
+// of its own. One key decides each question, so ranks never disagree (no split brain).
 //
 // Active only with ft.enabled, under `tandemrun --ft` (which serves the store and reports deaths:
-// DistEnv::ft_keys) and more than one rank; otherwise step() runs the work and commits, and a
-// failure propagates as before (the launcher restarts the group from its checkpoint).
+// DistEnv::ft_keys) and more than one rank; otherwise begin_step() is false and step() runs the
+// work and commits, and a failure propagates as before (the launcher restarts the group from its
+// checkpoint).
 //
 // Ownership: shares the store; owns the communicator of the current epoch (the Context's world is
-// epoch 0's and is aborted at the first failure). Thread-safety: one training thread.
+// epoch 0's and is aborted at the first failure; a replacement's Context has none).
+// Thread-safety: one training thread.
 // Errors: step() propagates every exception of `work` other than CommError (TimeoutError and
 // PeerLostError included); CommError when this rank was left out of the new membership (it joined
 // too late) or fewer than ft.min_replicas ranks remain: the program then fails, and the launcher
-// restarts the group from the checkpoint.
+// restarts the group from the checkpoint (tandemrun --ft-replace then replaces nobody). A
+// replacement's constructor throws CommError when it is not admitted within comm.timeout_s +
+// ft.quorum_timeout_s, the group finished first, or the group failed.
 #pragma once
 
 #include <tandem/collectives/communicator.h>
@@ -55,6 +64,10 @@ struct FaultToleranceOptions {
   // ft.quorum_timeout_s: how long survivors wait for a rank that neither joins the next epoch nor
   // is reported dead (a hung rank without heartbeats), and for a peer's vote on a step.
   double quorum_timeout_s = 10.0;
+  // ft.replacement_wait_s: after a rank died, how long the survivors wait for its replacement
+  // (tandemrun --ft-replace) before going on without it; 0: at once. A replacement that comes
+  // later is admitted at the start of the next step.
+  double replacement_wait_s = 0.0;
 };
 
 enum class StepOutcome {
@@ -64,7 +77,8 @@ enum class StepOutcome {
 
 class FaultTolerantWorld {
  public:
-  // `dist` and `comm` as the Context has them; `dist.world` is epoch 0's communicator.
+  // `dist` and `comm` as the Context has them; `dist.world` is epoch 0's communicator. In a
+  // replacement (DistEnv::ft_join) it asks to join and blocks until the group admits it.
   FaultTolerantWorld(const Distributed& dist, const InitOptions& comm, FaultToleranceOptions options);
   ~FaultTolerantWorld();
   FaultTolerantWorld(const FaultTolerantWorld&) = delete;
@@ -81,13 +95,42 @@ class FaultTolerantWorld {
   const std::vector<int>& members() const { return members_; }
   // Steps aborted so far on this rank.
   int64_t aborted_steps() const { return aborted_; }
+  // This process replaces a failed worker (tandemrun --ft-replace): it must not resume from a
+  // checkpoint; its first begin_step() says which step the group is at, and it heals.
+  bool replacement() const { return incarnation_ > 0; }
+
+  // Call at the start of every step, every member with the same `step`. Admits replacements that
+  // asked to join (all members agree on which, at which step). When the world changed since the
+  // last call (a rank was lost, a replacement admitted; in a replacement, at its first call), calls
+  // `rebuild`, which builds what agrees over the communicator again and heals heal_receivers()
+  // from heal_source(), and returns true. A CommError in `rebuild` (a member died while healing)
+  // re-forms the world once more and calls it again. In a replacement the first call sets `step`
+  // to the step the group is at.
+  bool begin_step(int64_t& step, const std::function<void()>& rebuild);
+  // During `rebuild`: the current ranks that need the training state (they joined, and no step
+  // has committed since; empty when nobody joined), and the rank that sends it (a member that
+  // holds the state).
+  const std::vector<int>& heal_receivers() const { return receivers_; }
+  int heal_source() const { return source_; }
 
   // Runs `work` (the step's forward and backward, every collective of the step) and returns the
   // outcome the live ranks agreed on. Every member calls it with the same `step`.
   StepOutcome step(int64_t step, const std::function<void()>& work);
 
  private:
-  void reform(const std::string& why);
+  void reform(const std::string& why, int64_t step);
+  // Makes the membership written under epoch `epoch` the current one and connects its world;
+  // false when a member failed during the rendezvous.
+  bool enter(int64_t epoch, const std::string& membership);
+  // Decides the membership of epoch `epoch` (first write wins) from `alive` (launch ranks that
+  // stay) and the join requests up to `requests`.
+  std::string decide(int64_t epoch, const std::vector<std::string>& alive, int64_t requests,
+                     int64_t step);
+  std::string id(std::size_t member) const;
+  // The group cannot go on (too few ranks, nobody holds the state): tells tandemrun to restart
+  // it from the checkpoint (TANDEM_FT/group_failed) and throws CommError(why).
+  [[noreturn]] void fail_group(const std::string& why);
+  void await_admission();
 
   c10::intrusive_ptr<c10d::Store> store_;
   InitOptions comm_;
@@ -96,10 +139,20 @@ class FaultTolerantWorld {
   int launch_rank_ = 0;
   std::string prefix_;  // this attempt's keys
   std::string dead_prefix_;  // the launcher's reports
+  std::string group_failed_;  // to the launcher: restart the group
   std::shared_ptr<Communicator> world_;
   std::vector<int> members_;
+  std::vector<int> incarnations_;  // of each member (the same launch rank returns replaced)
+  int incarnation_ = 0;            // this process's (DistEnv::ft_join)
+  int64_t joins_seen_ = 0;         // join requests the members have decided on
   int64_t epoch_ = 0;
   int64_t aborted_ = 0;
+  int64_t admitted_step_ = -1;     // a replacement: the step the group admitted it at
+  bool changed_ = false;           // the world changed since begin_step() last said so
+  bool committed_in_epoch_ = false;
+  std::vector<std::string> receiver_ids_;  // "rank.incarnation" of the members needing the state
+  std::vector<int> receivers_;             // their ranks in the current epoch
+  int source_ = 0;
 };
 
 }  // namespace tandem

@@ -63,7 +63,8 @@ struct Distributed {
 
   DistEnv env;
   c10::intrusive_ptr<c10d::Store> store;
-  std::shared_ptr<Communicator> world;
+  std::shared_ptr<Communicator> world;  // null in a replacement (DistEnv::ft_join): see
+                                        // FaultTolerantWorld::communicator()
 };
 
 Distributed init(const InitOptions& options);
