@@ -18,6 +18,11 @@
 // state it holds, and never opens a checkpoint. Its result is that of its failure schedule (two
 // ranks up to the crash, one after), the same for every run with the same crash.
 //
+// With --ft-replace instead (and --set ft.replacement_wait_s=30), tandemrun starts a replacement
+// for rank 1; rank 0 waits for it, heals it (model, AdamW state, RNG, the wrapper's bucket plan)
+// over the communicator, and both finish at full size: the checksum is that of the run without
+// --crash-at-step, and neither opened a checkpoint.
+//
 //   tandemrun --standalone --nproc-per-node 2 --ft build/bin/train_fault_tolerant
 //       --config examples/configs/train_fault_tolerant.yaml --crash-at-step 70
 //       --set ft.enabled=true                                                    (one line)
@@ -69,10 +74,15 @@ int main(int argc, char** argv) {
     tandem::CheckpointManagerOptions options = ctx.config().checkpoint;
     if (options.directory.empty()) options.directory = "ckpt_fault_tolerant";
     if (options.every_n_steps == 0) options.every_n_steps = 20;
-    options.communicator = ctx.world();
     const std::string dir = options.directory;
-    if (fresh && rank == 0 && restart_count() == 0) std::filesystem::remove_all(dir);
-    ctx.world()->barrier()->wait();
+    // The world steps run in: the launch world, or after a rank died (tandemrun --ft), the ranks
+    // left (and a replacement). The wrapper and the checkpoint manager agree over it, so both are
+    // built on it again.
+    tandem::FaultTolerantWorld ft(ctx.distributed(), ctx.config().comm, ctx.config().ft);
+    if (!ft.replacement()) {  // a replacement's Context has no world: it joins through `ft`
+      if (fresh && rank == 0 && restart_count() == 0) std::filesystem::remove_all(dir);
+      ctx.world()->barrier()->wait();
+    }
 
     const tiny_lm::LmConfig lm;
     const uint64_t seed = train.seed;
@@ -81,20 +91,18 @@ int main(int argc, char** argv) {
     tiny_lm::TinyLm model(lm);
     model->to(ctx.device());  // train.device
     torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(train.lr));
-    // The world steps run in: the launch world, or after a rank died (tandemrun --ft), the ranks
-    // left. The wrapper and the checkpoint manager agree over it, so both are built on it again.
-    tandem::FaultTolerantWorld ft(ctx.distributed(), ctx.config().comm, ctx.config().ft);
     // After a shrink the per-rank "ddp" state was saved by fewer ranks than a restarted group has:
     // such a restart keeps the replicated state (model, optimizer, RNG) and warns.
     if (ft.active()) options.reshard = tandem::ReshardPolicy::kLoadReplicatedOnly;
     using Ddp = tandem::DistributedDataParallel<tiny_lm::TinyLmImpl>;
     std::unique_ptr<Ddp> ddp;
     std::unique_ptr<tandem::CheckpointManager> ckpt;
+    std::map<std::string, at::Tensor> plan;  // the bucket plan DistributedDataParallel learned
+    // Builds the manager and the wrapper on ft's world; heals a replacement first (the wrapper's
+    // constructor broadcasts rank 0's parameters, and rank 0 may be the replacement).
     auto connect = [&] {
-      std::map<std::string, at::Tensor> plan;  // the bucket plan DistributedDataParallel learned
       if (ddp) plan = ddp->state();
-      ddp = std::make_unique<Ddp>(model, ft.communicator(), ctx.config().ddp);
-      if (!plan.empty()) ddp->load_state(plan);
+      ddp.reset();
       tandem::CheckpointManagerOptions o = options;
       o.communicator = ft.communicator();
       ckpt.reset();  // waits for its writer first
@@ -103,14 +111,22 @@ int main(int argc, char** argv) {
       ckpt->add_optimizer("optim", opt);
       ckpt->add_rng("rng");
       ckpt->add_tensors(  // per rank
-          "ddp", [&] { return ddp->state(); },
-          [&](const std::map<std::string, at::Tensor>& s) { ddp->load_state(s); },
+          "ddp", [&] { return ddp ? ddp->state() : plan; },
+          [&](const std::map<std::string, at::Tensor>& s) {
+            plan = s;
+            if (ddp) ddp->load_state(s);
+          },
           tandem::Sharding::kSharded);
+      if (!ft.heal_receivers().empty()) ckpt->heal(ft.heal_source(), ft.heal_receivers());
+      ddp = std::make_unique<Ddp>(model, ft.communicator(), ctx.config().ddp);
+      if (!plan.empty()) ddp->load_state(plan);
     };
-    connect();
-
-    const int64_t first = ckpt->resume();
-    if (rank == 0) {
+    int64_t first = 0;  // a replacement learns its first step from ft.begin_step() and heals
+    if (!ft.replacement()) {
+      connect();
+      first = ckpt->resume();
+    }
+    if (rank == 0 && !ft.replacement()) {
       if (first > 0)
         std::printf("attempt %d: resumed from the checkpoint of step %lld in %s\n", restart_count(),
                     static_cast<long long>(first), dir.c_str());
@@ -120,8 +136,15 @@ int main(int argc, char** argv) {
     double loss_value = 0;
     // Progress lines every metrics.log_every steps; under tandemrun --metrics-port, live metrics.
     tandem::ProgressLogger progress(ctx.config().metrics, train.steps, rank, ctx.world_size());
-    progress.track_overlap(ddp->reducer());
+    if (ddp) progress.track_overlap(ddp->reducer());
     for (int64_t step = first; step < train.steps;) {
+      if (ft.begin_step(step, connect)) {  // a rank was lost or a replacement joined
+        progress.track_overlap(ddp->reducer());  // the new wrapper's
+        if (ft.rank() == ft.heal_source() && !ft.heal_receivers().empty()) {
+          std::printf("step %lld: healed %zu replacement(s) from rank %d\n",
+                      static_cast<long long>(step), ft.heal_receivers().size(), ft.rank());
+        }
+      }
       if (step == crash_at && rank == 1 && restart_count() == 0 && ft.epoch() == 0) {
         std::printf("rank 1: simulating a crash at step %lld (SIGKILL)\n",
                     static_cast<long long>(step));
@@ -141,9 +164,7 @@ int main(int argc, char** argv) {
           std::printf("step %lld aborted: a rank died; going on with %d rank(s)\n",
                       static_cast<long long>(step), ft.world_size());
         }
-        connect();
-        progress.track_overlap(ddp->reducer());  // the new wrapper's
-        continue;  // the same step again, in the new world
+        continue;  // the same step again, in the new world (begin_step() rebuilds)
       }
       opt.step();
       tandem::heartbeat();

@@ -104,6 +104,16 @@ case "$kind" in
     e="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$ft2")"
     [ -n "$d" ] && [ "$d" = "$e" ] || fail "two --ft runs with the same crash differ: '$d' vs '$e'"
     [ "$d" != "$a" ] || fail "the --ft run ended as the uninterrupted one although a rank trained alone"
+    # With --ft-replace tandemrun starts a replacement for rank 1; rank 0 waits for it and heals
+    # it, and the two end with the uninterrupted run's bits, without a restart or a checkpoint read.
+    rep="$("$tandemrun" --standalone --nproc-per-node 2 --ft-replace --max-restarts 1 "$binary" \
+           "${common[@]}" --set ft.enabled=true --set ft.replacement_wait_s=60 --crash-at-step 25 \
+           --set checkpoint.directory=replaced 2>&1)"; echo "$rep"
+    grep -q "step 25: healed 1 replacement(s) from rank 0" <<<"$rep" || fail "no replacement healed under --ft-replace"
+    ! grep -q "restarting all workers" <<<"$rep" || fail "tandemrun restarted the workers under --ft-replace"
+    ! grep -q "resumed from the checkpoint" <<<"$rep" || fail "a worker read a checkpoint under --ft-replace"
+    f="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$rep")"
+    [ "$f" = "$a" ] || fail "the --ft-replace run ended with '$f', not the uninterrupted run's '$a'"
     check_bad_flag
     ;;
   pipeline)
