@@ -289,7 +289,11 @@ std::string FaultTolerantWorld::decide(int64_t epoch, const std::vector<std::str
                                        int64_t requests, int64_t step) {
   c10d::Store& store = *store_;
   Membership m;
-  for (const std::string& a : alive) m.members.push_back(parse_id(a));
+  for (const std::string& a : alive) {
+    // A member the launcher reported dead meanwhile (a second failure before anyone noticed it)
+    // would hold up the new world's rendezvous until comm.timeout_s.
+    if (!has(store, dead_prefix_ + a)) m.members.push_back(parse_id(a));
+  }
   m.requests = requests;
   m.step = step;
   // Members that still need the state: nobody healed them while no step committed since.
@@ -346,9 +350,9 @@ bool FaultTolerantWorld::enter(int64_t epoch, const std::string& text) {
   }
   if (static_cast<int64_t>(members_.size()) < options_.min_replicas) {
     fail_group("tandem: only " + std::to_string(members_.size()) + " rank(s) remain (" +
-                    join_ids(m.members) + "), fewer than ft.min_replicas = " +
-                    std::to_string(options_.min_replicas) +
-                    "; the group fails and the launcher restarts it from its checkpoint.");
+               join_ids(m.members) + "), fewer than ft.min_replicas = " +
+               std::to_string(options_.min_replicas) +
+               "; the group fails and the launcher restarts it from its checkpoint.");
   }
   receivers_.clear();
   source_ = -1;
@@ -361,8 +365,8 @@ bool FaultTolerantWorld::enter(int64_t epoch, const std::string& text) {
   }
   if (source_ < 0) {
     fail_group("tandem: no member of epoch " + std::to_string(epoch) + " (" + join_ids(m.members) +
-                    ") holds the training state: every one that did died before healing the "
-                    "replacements; the group fails and the launcher restarts it from its checkpoint.");
+               ") holds the training state: every one that did died before healing the "
+               "replacements; the group fails and the launcher restarts it from its checkpoint.");
   }
   // The replacements learn their epoch (the membership key holds the rest).
   for (const MemberId& r : m.receivers) store.set(prefix_ + "/admitted/" + r.text(), std::to_string(epoch));
