@@ -23,13 +23,6 @@ std::string temp_dir() {
   return tmpl;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 RunResult run_worker(std::vector<std::string> args, std::vector<std::string> env = clean_env()) {
   args.insert(args.begin(), worker_path());
   TandemrunProcess p(args, env, /*through_tandemrun=*/false);

@@ -24,13 +24,6 @@ namespace fs = std::filesystem;
 inline constexpr int kSteps = 12;
 inline constexpr int kEvery = 3;
 
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // A fresh directory per test, removed at the end.
 class FaultTest : public ::testing::Test {
  protected:

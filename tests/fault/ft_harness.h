@@ -24,13 +24,6 @@ namespace tandem::launcher_test {
 
 inline constexpr int kSteps = 6;
 
-inline std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 inline std::vector<std::string> worker_env(const std::vector<std::string>& extra) {
   std::vector<std::string> env = clean_env();
   env.insert(env.end(), extra.begin(), extra.end());

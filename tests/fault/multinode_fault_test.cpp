@@ -27,13 +27,6 @@ namespace fs = std::filesystem;
 
 constexpr const char* kToken = "multinode-fault-test-token";
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 int free_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

@@ -33,13 +33,6 @@ class TempDir {
   std::string path_;
 };
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // The one run directory under `base` (<run_id>_XXXXXX); fails the test when there is not one.
 fs::path run_dir(const std::string& base, const std::string& run_id) {
   std::vector<fs::path> dirs;

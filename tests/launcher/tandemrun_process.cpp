@@ -43,6 +43,13 @@ void make_pipe(int fds[2]) {
 
 std::string tandemrun_path() { return TANDEMRUN_PATH; }
 
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
 std::vector<std::string> clean_env() {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {

@@ -88,6 +88,9 @@ RunResult run_tandemrun(const std::vector<std::string>& args,
                         const std::vector<std::string>& env = clean_env(),
                         std::chrono::milliseconds timeout = 20s);
 
+// The bytes of the file at `path`; empty when it cannot be read.
+std::string read_file(const std::string& path);
+
 std::vector<std::string> split_lines(const std::string& text);
 std::size_t count_occurrences(const std::string& text, const std::string& needle);
 
