@@ -118,7 +118,11 @@ int main(int argc, char** argv) {
           },
           tandem::Sharding::kSharded);
       if (!ft.heal_receivers().empty()) ckpt->heal(ft.heal_source(), ft.heal_receivers());
-      ddp = std::make_unique<Ddp>(model, ft.communicator(), ctx.config().ddp);
+      // A codec serves one communicator: a fresh one per world, given the state the last world
+      // committed (an aborted step's part of it was dropped when the step aborted).
+      tandem::DistributedDataParallelOptions dp = ctx.config().ddp;
+      dp.codec = ctx.config().make_codec();
+      ddp = std::make_unique<Ddp>(model, ft.communicator(), dp);
       if (!plan.empty()) ddp->load_state(plan);
     };
     int64_t first = 0;  // a replacement learns its first step from ft.begin_step() and heals

@@ -34,6 +34,8 @@ class CastCodec final : public GradCodec {
   void load_state(const std::map<std::string, at::Tensor>& state) override {
     inner_->load_state(state);
   }
+  void keep_step_undo(bool keep) override { inner_->keep_step_undo(keep); }
+  void undo_steps_from(int64_t step) override { inner_->undo_steps_from(step); }
 
  protected:
   WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) override {

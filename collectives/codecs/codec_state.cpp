@@ -2,6 +2,7 @@
 
 #include <tandem/base/errors.h>
 
+#include <ATen/ops/add.h>
 #include <ATen/ops/scalar_tensor.h>
 #include <ATen/ops/zeros.h>
 
@@ -9,7 +10,8 @@
 
 namespace tandem::detail {
 
-at::Tensor ResidualBank::flat(const GradBucket& bucket, const std::string& codec_name) {
+ResidualBank::Layout& ResidualBank::layout_of(const GradBucket& bucket,
+                                              const std::string& codec_name) {
   auto found = flats_.find(bucket.param_indices);
   if (found != flats_.end()) return found->second;
   // A new layout: drop the layouts that share a parameter with it (their views stay valid for
@@ -21,12 +23,13 @@ at::Tensor ResidualBank::flat(const GradBucket& bucket, const std::string& codec
     }
     it = shared ? flats_.erase(it) : std::next(it);
   }
-  at::Tensor flat = at::zeros({bucket.buffer.numel()}, bucket.buffer.options());
+  Layout layout;
+  layout.current = at::zeros({bucket.buffer.numel()}, bucket.buffer.options());
   for (size_t slot = 0; slot < bucket.param_indices.size(); ++slot) {
     const int64_t p = bucket.param_indices[slot];
     int64_t numel = 1;
     for (int64_t d : bucket.shapes[slot]) numel *= d;
-    at::Tensor view = flat.narrow(0, bucket.offsets[slot], numel);
+    at::Tensor view = layout.current.narrow(0, bucket.offsets[slot], numel);
     auto old = residuals_.find(p);
     if (old != residuals_.end()) {
       if (old->second.numel() != view.numel()) {
@@ -40,12 +43,59 @@ at::Tensor ResidualBank::flat(const GradBucket& bucket, const std::string& codec
     }
     residuals_[p] = view;
   }
-  flats_.emplace(bucket.param_indices, flat);
-  return flat;
+  return flats_.emplace(bucket.param_indices, std::move(layout)).first->second;
+}
+
+void ResidualBank::point(const std::vector<int64_t>& params, const Layout& layout) {
+  // The views keep their offsets and sizes: re-slice the other buffer the same way.
+  for (int64_t p : params) {
+    const at::Tensor& view = residuals_.at(p);
+    residuals_[p] = layout.current.narrow(0, view.storage_offset() -
+                                                 layout.before.storage_offset(), view.numel());
+  }
+}
+
+ResidualBank::Step ResidualBank::step(const GradBucket& bucket, int64_t step,
+                                      const std::string& codec_name) {
+  Layout& layout = layout_of(bucket, codec_name);
+  if (!keep_undo_) {
+    layout.step = step;
+    layout.undoable = false;
+    return {layout.current, layout.current};
+  }
+  // The residual before this step stays in `before`; the step writes the other buffer, whose
+  // regions the codec never writes (uncompressed parameters) must agree with it from the start.
+  if (!layout.before.defined()) layout.before = layout.current.clone();
+  std::swap(layout.current, layout.before);
+  layout.before_step = layout.step;
+  layout.step = step;
+  layout.undoable = true;
+  point(bucket.param_indices, layout);
+  return {layout.before, layout.current};
+}
+
+at::Tensor ResidualBank::accumulate(const GradBucket& bucket, const std::string& codec_name) {
+  Step s = step(bucket, bucket.step, codec_name);
+  return at::add_out(s.after, s.before, bucket.buffer);  // in place when no undo is kept
+}
+
+void ResidualBank::undo_from(int64_t step, const std::string& codec_name) {
+  for (auto& [params, layout] : flats_) {
+    if (layout.step < step) continue;
+    if (!layout.undoable || layout.before_step >= step) {
+      throw Error("tandem: gradient codec '" + codec_name + "': the error feedback before step " +
+                  std::to_string(step) + " was not kept, so the aborted step cannot be undone. "
+                  "This is a bug in tandem's fault tolerance; please report it.");
+    }
+    std::swap(layout.current, layout.before);
+    layout.step = layout.before_step;
+    layout.undoable = false;
+    point(params, layout);
+  }
 }
 
 void ResidualBank::load(int64_t param, at::Tensor residual) {
-  flats_.clear();  // the next flat() lays the loaded values out afresh
+  flats_.clear();  // the next step() lays the loaded values out afresh
   residuals_[param] = std::move(residual);
 }
 

@@ -10,6 +10,7 @@
 #include "collectives/codecs/stage_thread.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/ops/add.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -69,10 +70,33 @@ class PowerSgdCodec final : public GradCodec {
   }
 
   void load_state(const std::map<std::string, at::Tensor>& state) override {
+    q_before_.clear();  // what is loaded is the state before any step to undo
     detail::load_codec_state(
         kName, state, &step_,
         {{"q", [this](int64_t p, at::Tensor t) { q_[p] = std::move(t); }},
          {"error", [this](int64_t p, at::Tensor t) { errors_.load(p, std::move(t)); }}});
+  }
+
+  void keep_step_undo(bool keep) override {
+    keep_undo_ = keep;
+    errors_.keep_undo(keep);
+  }
+  void undo_steps_from(int64_t step) override {
+    stages_.drain();
+    errors_.undo_from(step, kName);
+    for (auto it = q_before_.begin(); it != q_before_.end();) {
+      if (it->second.step < step) {
+        ++it;
+        continue;
+      }
+      if (it->second.q.defined()) {
+        q_[it->first] = it->second.q;
+      } else {
+        q_.erase(it->first);
+      }
+      it = q_before_.erase(it);
+    }
+    step_.undo_from(step);
   }
 
  protected:
@@ -95,7 +119,9 @@ class PowerSgdCodec final : public GradCodec {
     const at::ScalarType dtype = b.buffer.scalar_type();
     // Factors are computed in float32 at least: orthonormalisation is unstable in 16 bits.
     const at::ScalarType compute = dtype == at::kDouble ? at::kDouble : at::kFloat;
-    at::Tensor residual = options_.error_feedback ? errors_.flat(b, kName) : at::Tensor();
+    // The residual before this step, and where the one after it goes (error feedback).
+    detail::ResidualBank::Step residual;
+    if (options_.error_feedback) residual = errors_.step(b, b.step, kName);
 
     std::vector<Matrix> matrices;
     std::vector<at::Tensor> plain;  // flat views of the tensors sent uncompressed
@@ -116,9 +142,11 @@ class PowerSgdCodec final : public GradCodec {
         continue;
       }
       Matrix mat{b.param_indices[slot], rows, cols, r, flat.view({rows, cols}), {}, {}, {}};
-      if (residual.defined()) {
-        mat.m = residual.narrow(0, b.offsets[slot], numel).view({rows, cols});
-        mat.m.add_(mat.grad);  // M = gradient + what earlier steps did not transmit
+      if (residual.after.defined()) {
+        // M = gradient + what earlier steps did not transmit
+        mat.m = residual.after.narrow(0, b.offsets[slot], numel).view({rows, cols});
+        at::add_out(mat.m, residual.before.narrow(0, b.offsets[slot], numel).view({rows, cols}),
+                    mat.grad);
       } else {
         mat.m = mat.grad;
       }
@@ -143,7 +171,7 @@ class PowerSgdCodec final : public GradCodec {
         mat.q = qs.narrow(0, qo, mat.cols * mat.rank).view({mat.cols, mat.rank});
         po += mat.rows * mat.rank;
         qo += mat.cols * mat.rank;
-        at::mm_out(mat.p, as(mat.m, compute), start_q(mat, step, compute));
+        at::mm_out(mat.p, as(mat.m, compute), start_q(mat, step, b.step, compute));
       }
       wire.allreduce(ps, ReduceOp::kSum)->wait();
       for (Matrix& mat : matrices) {
@@ -157,8 +185,11 @@ class PowerSgdCodec final : public GradCodec {
         } else {
           mat.grad.copy_(at::mm(mat.p, mat.q.t()));
         }
-        if (residual.defined()) mat.m.sub_(mat.grad);  // residual = M - decoded
-        if (options_.warm_start) q_[mat.param].copy_(mat.q);
+        if (residual.after.defined()) mat.m.sub_(mat.grad);  // residual = M - decoded
+        if (options_.warm_start) {
+          keep_q_before(mat.param, b.step);
+          q_[mat.param].copy_(mat.q);
+        }
       }
     }
     if (plain_work) {
@@ -177,7 +208,8 @@ class PowerSgdCodec final : public GradCodec {
 
   // Q for this step: last step's (warm start) or a fresh one drawn from a generator every rank
   // seeds alike (seed, parameter and, without warm start, step), orthonormalised.
-  at::Tensor start_q(const Matrix& mat, int64_t step, at::ScalarType compute) {
+  at::Tensor start_q(const Matrix& mat, int64_t step, int64_t bucket_step,
+                     at::ScalarType compute) {
     auto found = q_.find(mat.param);
     if (options_.warm_start && found != q_.end()) {
       if (found->second.sizes() != mat.q.sizes()) {
@@ -196,14 +228,34 @@ class PowerSgdCodec final : public GradCodec {
     at::Tensor q = at::randn({mat.cols, mat.rank}, gen, at::TensorOptions().dtype(compute));
     orthonormalize_columns(q);
     q = q.to(mat.q.options());
-    if (options_.warm_start) q_[mat.param] = q.clone();
+    if (options_.warm_start) {
+      keep_q_before(mat.param, bucket_step);
+      q_[mat.param] = q.clone();
+    }
     return q;
+  }
+
+  // With undo kept: parameter `param`'s Q as it was before reducer step `step` changes it.
+  void keep_q_before(int64_t param, int64_t step) {
+    if (!keep_undo_) return;
+    auto& before = q_before_[param];
+    if (before.step == step) return;
+    auto q = q_.find(param);
+    before = {step, q == q_.end() ? at::Tensor() : q->second.clone()};
   }
 
   PowerSgdOptions options_;
   detail::CodecStep step_;
   detail::ResidualBank errors_;
   std::map<int64_t, at::Tensor> q_;
+  // With undo kept (keep_step_undo): each Q before the latest step that changed it (undefined:
+  // there was none).
+  struct QBefore {
+    int64_t step = -1;
+    at::Tensor q;
+  };
+  std::map<int64_t, QBefore> q_before_;
+  bool keep_undo_ = false;
   detail::StageThread stages_{kName};  // last: joined first, while the state above still lives
 };
 

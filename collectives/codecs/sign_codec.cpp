@@ -56,6 +56,12 @@ class SignCodec final : public GradCodec {
         {{"residual", [this](int64_t p, at::Tensor t) { residuals_.load(p, std::move(t)); }}});
   }
 
+  void keep_step_undo(bool keep) override { residuals_.keep_undo(keep); }
+  void undo_steps_from(int64_t step) override {
+    stages_.drain();
+    residuals_.undo_from(step, kName);
+  }
+
  protected:
   WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) override {
     return stages_.submit(wire, bucket, [this, &wire, b = bucket] { run(wire, b); });
@@ -68,8 +74,8 @@ class SignCodec final : public GradCodec {
     if (n == 0) return;
     // What is coded: the gradient, or gradient + residual (in the residual's storage, which then
     // keeps what the code lost).
-    at::Tensor residual = options_.error_feedback ? residuals_.flat(b, kName) : at::Tensor();
-    const at::Tensor source = residual.defined() ? residual.add_(m) : m;
+    at::Tensor residual = options_.error_feedback ? residuals_.accumulate(b, kName) : at::Tensor();
+    const at::Tensor source = residual.defined() ? residual : m;
     const bool fast = m.is_cpu() && m.scalar_type() == at::kFloat;
     const int64_t tensors = static_cast<int64_t>(b.param_indices.size());
     std::vector<int64_t> sizes(tensors);

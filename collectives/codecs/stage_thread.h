@@ -24,6 +24,8 @@ class StageThread {
   // four communicator timeouts (a job waits for at most three collectives in turn) and then
   // aborts `wire`.
   WorkPtr submit(Communicator& wire, const GradBucket& bucket, std::function<void()> job);
+  // Blocks until every job submitted so far finished (they report their errors in their Work).
+  void drain() { executor_.drain(); }
 
  private:
   const std::string codec_name_;

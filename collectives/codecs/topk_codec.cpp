@@ -58,6 +58,13 @@ class TopKCodec final : public GradCodec {
         {{"residual", [this](int64_t p, at::Tensor t) { residuals_.load(p, std::move(t)); }}});
   }
 
+  void keep_step_undo(bool keep) override { residuals_.keep_undo(keep); }
+  void undo_steps_from(int64_t step) override {
+    stages_.drain();
+    residuals_.undo_from(step, kName);
+    step_.undo_from(step);
+  }
+
   // The fraction sent at `step`: during warm-up ratio^((step + 1) / (warmup + 1)), from near 1
   // down to `ratio`.
   double ratio_at(int64_t step) const {
@@ -81,8 +88,8 @@ class TopKCodec final : public GradCodec {
     const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(wanted)), 1, n);
     // What is sparsified: the gradient, or gradient + residual (computed in the residual's
     // storage, which then keeps what is not sent).
-    at::Tensor residual = options_.error_feedback ? residuals_.flat(b, kName) : at::Tensor();
-    const at::Tensor source = residual.defined() ? residual.add_(m) : m;
+    at::Tensor residual = options_.error_feedback ? residuals_.accumulate(b, kName) : at::Tensor();
+    const at::Tensor source = residual.defined() ? residual : m;
     at::Tensor indices = top_magnitudes(source, k);
     at::Tensor values = source.index_select(0, indices);
     if (residual.defined()) residual.index_fill_(0, indices, 0);  // what is sent leaves it

@@ -146,6 +146,11 @@ void DistributedDataParallelCore::pre_forward() {
   // First, so a joined rank's shadow step (tandem/runtime/join.h) issues what follows in order.
   if (join_active_ && at::GradMode::is_enabled()) detail::notify_join(*comm_, sync_);
   reducer_->prepare_for_forward();
+  // Inside a fault-tolerant step: keep the codec's state before it, in case it aborts.
+  if (auto* scope = detail::StepScope::current(); scope != nullptr && scope->join(this)) {
+    reducer_->codec().keep_step_undo(true);
+    step_begun_ = reducer_->steps();
+  }
   if (masters_) {
     masters_->cast_into_model(synced_);  // what the optimizer stepped
     synced_ = false;
@@ -170,6 +175,8 @@ void DistributedDataParallelCore::shadow_step(bool sync) {
     synced_ = true;
   }
 }
+
+void DistributedDataParallelCore::drop_step() { reducer_->codec().undo_steps_from(step_begun_); }
 
 void DistributedDataParallelCore::broadcast_buffers() { broadcast_coalesced(*comm_, buffers_, 0); }
 

@@ -158,6 +158,11 @@ bool Reducer::buckets_rebuilt() const {
   return state_->rebuilt;
 }
 
+int64_t Reducer::steps() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->step;
+}
+
 const std::vector<std::string>& Reducer::parameter_names() const { return state_->names; }
 GradCodec& Reducer::codec() { return *state_->codec; }
 const GradCodec& Reducer::codec() const { return *state_->codec; }

@@ -2,6 +2,7 @@
 // the quorum that re-forms the world after an abort, both decided by one compare-and-set in the
 // launcher's store.
 #include <tandem/runtime/fault_tolerance.h>
+#include <tandem/runtime/step_scope.h>
 
 #include <tandem/base/errors.h>
 #include <tandem/runtime/run_main.h>
@@ -234,6 +235,7 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
     return StepOutcome::kCommitted;
   }
   std::string failure;
+  detail::StepScope scope;  // what the work touches before the decision (step_scope.h)
   try {
     work();
   } catch (const CommError& e) {  // a peer died or went silent: this step cannot complete
@@ -281,7 +283,10 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
     return StepOutcome::kCommitted;
   }
   ++aborted_;
+  // The old world is aborted first, so codec stages still in its collectives fail and the
+  // wrappers can drop what the step did.
   reform(failure.empty() ? "a peer voted to abort step " + std::to_string(step) : failure, step);
+  scope.drop();
   return StepOutcome::kAborted;
 }
 

@@ -1,13 +1,14 @@
 // DistributedDataParallel training with each codec on a fixed synthetic task (2 ranks as threads,
 // deterministic data): compressed runs with error feedback end close to the uncompressed loss,
 // the same codecs without error feedback end measurably worse, and a run resumed from a
-// training-state checkpoint holding the codec state follows the uninterrupted trajectory bit for
-// bit.
+// training-state checkpoint holding the codec state, or one that drops a step the way step-level
+// fault tolerance does, follows the uninterrupted trajectory bit for bit.
 #include "tests/support/test_support.h"
 
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/collectives/compression.h>
 #include <tandem/runtime/distributed_data_parallel.h>
+#include <tandem/runtime/step_scope.h>
 
 #include <torch/torch.h>
 #include <gtest/gtest.h>
@@ -73,8 +74,16 @@ struct Result {
 // DistributedDataParallel::state(), i.e. bucket plan and codec state, per rank), every object is
 // made anew (model, optimizer, codec, DistributedDataParallel, manager), and resume() restores them
 // before training goes on.
+// With `abort_at` > 0 every step runs in a StepScope, as under FaultTolerantWorld::step(), and
+// step `abort_at` is trained once and then aborted: the scope drops it (unless `drop` is false),
+// the optimizer does not step, and the step is redone by a new codec and wrapper built from the
+// old wrapper's state(), as FaultTolerantWorld's rebuild does.
+struct Abort {
+  int at = 0;
+  bool drop = true;
+};
 Result train(const std::function<std::shared_ptr<GradCodec>()>& make_codec_fn, int steps,
-             int resume_at = 0, double momentum = 0) {
+             int resume_at = 0, double momentum = 0, Abort abort = {}) {
   Result result;
   const std::string dir = resume_at > 0 ? make_temp_dir() : "";
   run_ranks(kWorld, [&](Communicator& comm) {
@@ -85,13 +94,19 @@ Result train(const std::function<std::shared_ptr<GradCodec>()>& make_codec_fn, i
     std::unique_ptr<DistributedDataParallel<torch::nn::SequentialImpl>> ddp;
     std::unique_ptr<torch::optim::SGD> opt;
     std::unique_ptr<CheckpointManager> ckpt;
-    auto start = [&] {
-      model = make_model();
+    Abort pending = abort;  // this rank's
+    auto rewrap = [&] {
       DistributedDataParallelOptions o;
       o.bucket_cap_mb = 0.05;  // a few buckets
       o.first_bucket_cap_mb = 0.01;
       o.codec = make_codec_fn ? make_codec_fn() : nullptr;
+      const auto state = ddp ? ddp->state() : std::map<std::string, at::Tensor>();
       ddp = std::make_unique<DistributedDataParallel<torch::nn::SequentialImpl>>(model, shared, o);
+      if (!state.empty()) ddp->load_state(state);
+    };
+    auto start = [&] {
+      model = make_model();
+      rewrap();
       opt = std::make_unique<torch::optim::SGD>(
           model->parameters(), torch::optim::SGDOptions(0.05).momentum(momentum));
       if (resume_at == 0) return;
@@ -117,7 +132,19 @@ Result train(const std::function<std::shared_ptr<GradCodec>()>& make_codec_fn, i
       }
       auto [x, y] = task.batch(1000 * step + comm.rank(), kBatch);
       opt->zero_grad();
-      torch::mse_loss((*ddp)(x), y).backward();
+      if (abort.at > 0) {
+        detail::StepScope scope;
+        torch::mse_loss((*ddp)(x), y).backward();
+        if (step == pending.at) {  // every bucket was reduced, and then the step was aborted
+          if (pending.drop) scope.drop();
+          pending.at = -1;
+          rewrap();
+          --step;
+          continue;
+        }
+      } else {
+        torch::mse_loss((*ddp)(x), y).backward();
+      }
       opt->step();
     }
     if (comm.rank() == 0) {
@@ -181,6 +208,29 @@ TEST(Convergence, ResumingFromACheckpointWithCodecStateFollowsTheSameTrajectory)
     for (size_t i = 0; i < straight.params.size(); ++i) {
       EXPECT_TRUE(at::equal(straight.params[i], resumed.params[i])) << name << " parameter " << i;
     }
+  }
+}
+
+// Step-level fault tolerance: a step whose buckets all reduced, and which was then aborted, leaves
+// the codec's error feedback, warm-start factors and step count as they were before it; the run
+// then follows the uninterrupted trajectory bit for bit. Without the drop it does not.
+TEST(Convergence, AnAbortedStepIsDroppedFromTheCodecState) {
+  const std::vector<std::pair<const char*, std::function<std::shared_ptr<GradCodec>()>>> codecs = {
+      {"powersgd", [] { return powersgd(true); }},
+      {"topk", [] { return topk(true); }},
+      {"sign+bf16", [] { return make_cast_codec(at::kBFloat16, make_sign_codec()); }},
+  };
+  auto same = [](const Result& a, const Result& b) {
+    if (a.params.size() != b.params.size()) return false;
+    for (size_t i = 0; i < a.params.size(); ++i)
+      if (!at::equal(a.params[i], b.params[i])) return false;
+    return true;
+  };
+  for (const auto& [name, make] : codecs) {
+    const Result straight = train(make, 24, 0, /*momentum=*/0.9);
+    EXPECT_TRUE(same(straight, train(make, 24, 0, 0.9, Abort{.at = 15}))) << name;
+    EXPECT_FALSE(same(straight, train(make, 24, 0, 0.9, Abort{.at = 15, .drop = false})))
+        << name << ": keeping the aborted step's codec state went unnoticed";
   }
 }
 

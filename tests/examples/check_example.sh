@@ -94,7 +94,7 @@ case "$kind" in
     # same crash end with the same bits (not those of the uninterrupted run: one rank trained the
     # steps after the crash).
     ft_run() { "$tandemrun" --standalone --nproc-per-node 2 --ft "$binary" "${common[@]}" \
-                 --set ft.enabled=true --crash-at-step 25 --set checkpoint.directory="$1" 2>&1; }
+                 --set ft.enabled=true --crash-at-step 25 --set checkpoint.directory="$1" "${@:2}" 2>&1; }
     ft1="$(ft_run ft1)"; echo "$ft1"
     grep -q "step 25 aborted: a rank died; going on with 1 rank(s)" <<<"$ft1" || fail "no step aborted under --ft"
     ! grep -q "restarting all workers" <<<"$ft1" || fail "tandemrun restarted the workers under --ft"
@@ -114,6 +114,16 @@ case "$kind" in
     ! grep -q "resumed from the checkpoint" <<<"$rep" || fail "a worker read a checkpoint under --ft-replace"
     f="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$rep")"
     [ "$f" = "$a" ] || fail "the --ft-replace run ended with '$f', not the uninterrupted run's '$a'"
+    # With a stateful codec (top-k error feedback): each new world gets a fresh codec holding the
+    # state before the aborted step (docs/compression.md, "Aborted steps"); two runs agree.
+    topk_run() { ft_run "$1" --set compression.codec=topk --set compression.topk.ratio=0.05; }
+    t1="$(topk_run topk1)"; echo "$t1"
+    grep -q "step 25 aborted: a rank died; going on with 1 rank(s)" <<<"$t1" || fail "no step aborted under --ft with top-k"
+    t2="$(topk_run topk2)"
+    g="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$t1")"
+    h="$(grep -o 'parameter checksum [0-9a-f]*' <<<"$t2")"
+    [ -n "$g" ] && [ "$g" = "$h" ] || fail "two top-k --ft runs with the same crash differ: '$g' vs '$h'"
+    [ "$g" != "$d" ] || fail "the top-k --ft run ended as the uncompressed one"
     check_bad_flag
     ;;
   pipeline)

@@ -73,6 +73,16 @@ class GradCodec {
   virtual std::map<std::string, at::Tensor> state() const { return {}; }
   virtual void load_state(const std::map<std::string, at::Tensor>& state);
 
+  // Undoing an aborted step (step-level fault tolerance, docs/fault_tolerance.md; the
+  // DistributedDataParallel wrapper calls these). With keep_step_undo(true), set before a step's
+  // first bucket, a codec with state also keeps what it held before its latest step: one more
+  // copy of its error feedback, written instead of copied. undo_steps_from(step) waits for the
+  // stages still running (their collectives must fail or finish), then forgets what reducer step
+  // `step` (GradBucket::step) and later did: state() is again what it was before that step. It
+  // throws tandem::Error when that was not kept. Stateless codecs have nothing to keep or undo.
+  virtual void keep_step_undo(bool keep) { (void)keep; }
+  virtual void undo_steps_from(int64_t step) { (void)step; }
+
   // Traffic of the most recent synchronised step (complete once its backward returned): bytes
   // this rank sent, as the ring algorithms send them (all-reduce 2(n-1)/n of the buffer,
   // all-gather (n-1) times the input), and the bytes a plain all-reduce of the same buckets in

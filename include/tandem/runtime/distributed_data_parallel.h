@@ -27,6 +27,7 @@
 #include <tandem/runtime/data_parallel.h>
 #include <tandem/runtime/join.h>
 #include <tandem/runtime/reducer.h>
+#include <tandem/runtime/step_scope.h>
 
 #include <torch/nn/module.h>
 #include <torch/nn/pimpl.h>
@@ -45,7 +46,7 @@ class MasterWeights;
 }
 
 // The non-template part of DistributedDataParallel (runtime/data_parallel.cpp).
-class DistributedDataParallelCore : public detail::Joinable {
+class DistributedDataParallelCore : public detail::Joinable, private detail::StepParticipant {
  public:
   DistributedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
                               std::shared_ptr<Communicator> comm,
@@ -91,6 +92,10 @@ class DistributedDataParallelCore : public detail::Joinable {
 
  private:
   void broadcast_buffers();
+  // An aborted fault-tolerant step (tandem/runtime/step_scope.h): the codec forgets what the
+  // step did. The communicator was aborted: the wrapper is good for state() only, from which
+  // the next world's wrapper is built.
+  void drop_step() override;
 
   std::shared_ptr<torch::nn::Module> module_;
   std::shared_ptr<Communicator> comm_;
@@ -100,6 +105,7 @@ class DistributedDataParallelCore : public detail::Joinable {
   bool sync_ = true;
   bool join_active_ = false;
   bool synced_ = false;  // a synchronised backward was armed since the last forward
+  int64_t step_begun_ = 0;  // the reducer step of the fault-tolerant step in flight
   std::vector<at::Tensor> params_;                 // trainable, registration order
   std::shared_ptr<detail::MasterWeights> masters_;  // mixed precision only
 };

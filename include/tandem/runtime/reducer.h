@@ -85,6 +85,8 @@ class Reducer {
   // of one dtype; Error during a backward.
   void load_bucket_plan(const std::vector<std::vector<int64_t>>& plan);
   bool buckets_rebuilt() const;
+  // Synchronised steps whose reduction finished: the GradBucket::step of the next one.
+  int64_t steps() const;
   const std::vector<std::string>& parameter_names() const;
   GradCodec& codec();
   const GradCodec& codec() const;
