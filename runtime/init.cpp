@@ -161,6 +161,7 @@ std::shared_ptr<Communicator> connect_world(const c10::intrusive_ptr<c10d::Store
                                             const std::string& store_prefix) {
   GlooOptions gloo;
   gloo.timeout = options.timeout;
+  gloo.connect_timeout = options.connect_timeout;
   gloo.interface = options.gloo_interface;
   gloo.hostname = !options.gloo_hostname.empty() ? options.gloo_hostname
                   : is_loopback_address(options.env.master_addr) ? "127.0.0.1"
@@ -181,6 +182,7 @@ std::shared_ptr<Communicator> connect_world(const c10::intrusive_ptr<c10d::Store
   if (devices > 0) {
     NcclOptions nccl;
     nccl.timeout = options.timeout;
+    nccl.connect_timeout = options.connect_timeout;
     nccl.device = options.env.local_rank % devices;
     nccl.store_prefix = store_prefix;
     world = std::make_shared<DeviceRoutingCommunicator>(

@@ -83,7 +83,7 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
                                std::to_string(world_ranks_[rank_]) + ")",
                            size());
   try {
-    mesh_ = device_->connect(adapter, rank_, size(), options_.timeout);
+    mesh_ = device_->connect(adapter, rank_, size(), options_.rendezvous_timeout());
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

@@ -473,12 +473,13 @@ extern "C" void tandem_cuda_connect_nccl(const c10::intrusive_ptr<c10d::Store>& 
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store->set(key, std::vector<uint8_t>(bytes, bytes + sizeof id));
   } else {
+    const auto wait = options.connect_timeout.count() > 0 ? options.connect_timeout : options.timeout;
     try {
-      store->wait({key}, options.timeout);
+      store->wait({key}, wait);
     } catch (const std::exception& e) {
       throw TimeoutError("tandem: rank " + std::to_string(rank) +
                          " did not receive NCCL's unique id from rank 0 within " +
-                         std::to_string(options.timeout.count()) + " ms: " + e.what());
+                         std::to_string(wait.count()) + " ms: " + e.what());
     }
     const auto bytes = store->get(key);
     if (bytes.size() != sizeof id) throw CommError("tandem: malformed NCCL unique id in store");

@@ -353,7 +353,7 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
   auto wait_all = [&](const std::string& stem) {
     std::vector<std::string> keys;
     for (int q = 0; q < size; ++q) keys.push_back(stem + std::to_string(q));
-    waiter.wait(keys, options.timeout);
+    waiter.wait(keys, options.rendezvous_timeout());
   };
 
   // 1. Same host, and shared memory wanted everywhere?

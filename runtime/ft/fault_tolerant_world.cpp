@@ -118,6 +118,10 @@ FaultTolerantWorld::FaultTolerantWorld(const Distributed& dist, const InitOption
   if (!(options_.replacement_wait_s >= 0)) {
     throw ConfigError("tandem: ft.replacement_wait_s must be 0 or more (--set ft.replacement_wait_s=0).");
   }
+  // A member that dies while a new world connects holds the others up this long, not for the op
+  // timeout; the next epoch then leaves it out.
+  comm_.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
+      std::chrono::duration<double>(options_.quorum_timeout_s));
   launch_rank_ = dist.env.rank;
   incarnation_ = dist.env.ft_join;
   if (incarnation_ > 0 && !options_.enabled) {

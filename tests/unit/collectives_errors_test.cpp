@@ -162,6 +162,25 @@ TEST(CollectiveErrors, MissingPeerAtRendezvousNamesTheRank) {
   EXPECT_NE(msg.find("never arrived"), std::string::npos) << msg;
 }
 
+// GlooOptions::connect_timeout bounds the rendezvous alone: the op timeout stays long (step-level
+// fault tolerance re-forms worlds this way, with ft.quorum_timeout_s).
+TEST(CollectiveErrors, ConnectTimeoutBoundsTheRendezvousAndLeavesTheOpTimeout) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  GlooOptions options;
+  options.timeout = std::chrono::minutes(5);
+  options.connect_timeout = std::chrono::milliseconds(500);
+  const auto start = Clock::now();
+  EXPECT_THROW(connect_gloo(store, 0, 2, options), TimeoutError);
+  EXPECT_LT(seconds_since(start), 10.0);
+
+  options.store_prefix = "second";
+  std::shared_ptr<Communicator> comms[2];
+  std::thread peer([&] { comms[1] = connect_gloo(store, 1, 2, options); });
+  comms[0] = connect_gloo(store, 0, 2, options);
+  peer.join();
+  for (const auto& c : comms) EXPECT_EQ(c->timeout(), std::chrono::minutes(5));
+}
+
 TEST(CollectiveErrors, UnmatchedRecvTimesOut) {
   std::atomic<bool> rank0_done{false};
   run_ranks(2, [&](Communicator& comm) {

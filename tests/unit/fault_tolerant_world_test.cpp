@@ -93,6 +93,33 @@ TEST(FaultTolerantWorld, OneRanksFailedCollectiveAbortsTheStepEverywhere) {
   });
 }
 
+// Rank 2 joins the next epoch and dies before that world's rendezvous: the others give up on the
+// rendezvous after ft.quorum_timeout_s (not comm.timeout_s, a minute here) and form the epoch
+// after without it. The new world's ops keep comm.timeout_s.
+TEST(FaultTolerantWorld, AMemberDyingInTheRendezvousHoldsTheOthersUpForTheQuorumTimeout) {
+  testing::run_threads(3, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    const Distributed d = connect(rank, 3, store, comm);
+    comm.timeout = std::chrono::seconds(60);
+    FaultToleranceOptions o = enabled();
+    o.quorum_timeout_s = 2;
+    FaultTolerantWorld ft(d, comm, o);
+    EXPECT_EQ(ft.step(0, [] {}), StepOutcome::kCommitted);
+    if (rank == 2) {  // joins epoch 1 as a survivor would, then "dies" without voting
+      store->set("test/ft/e1/joined/2.0", "1");
+      return;
+    }
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(ft.step(1, [] {}), StepOutcome::kAborted);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_LT(took, 20.0) << "the rendezvous waited for comm.timeout_s";
+    EXPECT_EQ(ft.epoch(), 2);
+    EXPECT_EQ(ft.members(), (std::vector<int>{0, 1}));
+    EXPECT_EQ(ft.communicator()->timeout(), std::chrono::seconds(60));
+    EXPECT_EQ(ft.step(1, [] {}), StepOutcome::kCommitted);
+  });
+}
+
 // Rank 2 stops taking part and the launcher reports it dead while the others wait for its vote:
 // they abort, form epoch 1 without it at once (not at the quorum timeout), ranked 0 and 1.
 TEST(FaultTolerantWorld, AMemberReportedDeadIsLeftOutAtOnce) {

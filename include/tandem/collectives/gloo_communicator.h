@@ -62,6 +62,13 @@ namespace tandem {
 struct GlooOptions {
   // Bound on every op, on rendezvous, and on waits without explicit timeout.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Bound on the rendezvous alone when positive. Step-level fault tolerance re-forms a world
+  // with ft.quorum_timeout_s here, so a rank that dies while connecting holds the others up that
+  // long, not for the op timeout.
+  std::chrono::milliseconds connect_timeout{0};
+  std::chrono::milliseconds rendezvous_timeout() const {
+    return connect_timeout.count() > 0 ? connect_timeout : timeout;
+  }
   // Address other ranks use to reach this process (tandem::init derives it from MASTER_ADDR).
   std::string hostname = "127.0.0.1";
   // Network interface to bind (e.g. "eth0"); when set, it wins over `hostname`.

@@ -55,6 +55,8 @@ namespace tandem {
 struct NcclOptions {
   // Every op must be done this long after it was issued (comm.timeout_s in tandem::init); > 0.
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // Bound on waiting for rank 0's unique id when positive (else `timeout`); see GlooOptions.
+  std::chrono::milliseconds connect_timeout{0};
   int device = 0;                  // CUDA device index (usually LOCAL_RANK)
   std::string store_prefix = "tandem";
 };

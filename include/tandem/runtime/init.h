@@ -31,6 +31,9 @@ struct InitOptions {
   DistEnv env;
   // Rendezvous, store and op timeout (TANDEM_TIMEOUT_S).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+  // When positive, bounds the communicator's rendezvous alone (GlooOptions::connect_timeout);
+  // FaultTolerantWorld re-forms worlds with ft.quorum_timeout_s. Not a config key.
+  std::chrono::milliseconds connect_timeout{0};
   // Address peers use to reach this rank. Empty: 127.0.0.1 when MASTER_ADDR is a loopback
   // address, else this machine's host name. TANDEM_GLOO_HOSTNAME.
   std::string gloo_hostname;
