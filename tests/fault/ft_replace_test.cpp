@@ -50,6 +50,13 @@ void expect_replaced(const Replaced& t) {
                        std::to_string(t.replacements) + " started"),
             std::string::npos)
       << r.err;
+  // The standby a replacement used is restocked, so the rank's next replacement is as fast.
+  if (r.err.find("replacement 1 started from its standby") != std::string::npos) {
+    for (int n = 2; n <= t.replacements; ++n)
+      EXPECT_NE(r.err.find("replacement " + std::to_string(n) + " started from its standby"),
+                std::string::npos)
+          << "the standby was not restocked\n" << r.err;
+  }
   const Survivors s = parse(r.out);
   // Every rank finished, the survivors in the processes they started in.
   ASSERT_EQ(s.done_pid.size(), static_cast<std::size_t>(t.nproc)) << r.out;

@@ -86,9 +86,11 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
           continue;
         }
         ++replaced;
-        group.replace_worker(static_cast<int>(i), restart_count);
+        const bool standby = group.replace_worker(static_cast<int>(i), restart_count,
+                                                  /*restock=*/replaced < options.max_restarts);
         log_line("rank " + std::to_string(w[i].rank) + ": replacement " +
-                 std::to_string(w[i].incarnation) + " started; it joins the others at their next "
+                 std::to_string(w[i].incarnation) + " started" +
+                 (standby ? " from its standby" : "") + "; it joins the others at their next "
                  "step and heals from a live peer (--ft-replace; " + std::to_string(replaced) +
                  " of at most " + std::to_string(options.max_restarts) + " --max-restarts used)");
       }

@@ -112,22 +112,25 @@ std::optional<uint64_t> cgroup_value(const std::string& file) {
 
 }  // namespace
 
+StandbyPool::Standby StandbyPool::launch(int local_rank) const {
+  // A socket pair, not a pipe: the standby acknowledges its environment on the same channel.
+  int fds[2];
+  if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
+    throw Error(std::string("socketpair() failed: ") + std::strerror(errno));
+  UniqueFd ours(fds[0]);
+  UniqueFd theirs(fds[1]);
+  LaunchSpec spec = program_;
+  spec.env.push_back("TANDEM_STANDBY_FD=" + std::to_string(theirs.get()));
+  spec.keep_fd = theirs.get();
+  spec.who = "the standby of local rank " + std::to_string(local_rank);
+  return Standby{launch_process(std::move(spec)), std::move(ours)};
+}
+
 void StandbyPool::start(int count, const LaunchSpec& program) {
   discard();
+  program_ = program;
   try {
-    for (int local_rank = 0; local_rank < count; ++local_rank) {
-      // A socket pair, not a pipe: the standby acknowledges its environment on the same channel.
-      int fds[2];
-      if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, fds) != 0)
-        throw Error(std::string("socketpair() failed: ") + std::strerror(errno));
-      UniqueFd ours(fds[0]);
-      UniqueFd theirs(fds[1]);
-      LaunchSpec spec = program;
-      spec.env.push_back("TANDEM_STANDBY_FD=" + std::to_string(theirs.get()));
-      spec.keep_fd = theirs.get();
-      spec.who = "the standby of local rank " + std::to_string(local_rank);
-      standby_.push_back(Standby{launch_process(std::move(spec)), std::move(ours)});
-    }
+    for (int local_rank = 0; local_rank < count; ++local_rank) standby_.push_back(launch(local_rank));
   } catch (const Error& e) {
     log_line(std::string("standby workers: ") + e.what() +
              "; restarts will start workers normally");
@@ -149,6 +152,7 @@ std::optional<LaunchedProcess> StandbyPool::activate(int local_rank,
     standby.control.reset();
     LaunchedProcess process = std::move(standby.process);
     standby.process.pid = -1;
+    standby.used = true;
     return process;
   }
   log_line("the standby of local rank " + std::to_string(local_rank) +
@@ -157,6 +161,18 @@ std::optional<LaunchedProcess> StandbyPool::activate(int local_rank,
   kill_and_reap(standby.process.pid);
   standby.process.pid = -1;
   return std::nullopt;
+}
+
+void StandbyPool::restock(int local_rank) {
+  if (static_cast<std::size_t>(local_rank) >= standby_.size()) return;
+  Standby& standby = standby_[static_cast<std::size_t>(local_rank)];
+  if (standby.process.pid > 0 || !standby.used) return;  // one that failed would fail again
+  try {
+    standby = launch(local_rank);
+  } catch (const Error& e) {
+    log_line("the standby of local rank " + std::to_string(local_rank) + " was not restocked: " +
+             e.what() + "; its next replacement starts normally");
+  }
 }
 
 void StandbyPool::discard() {

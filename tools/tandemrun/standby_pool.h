@@ -37,6 +37,9 @@ class StandbyPool {
   // is discarded) when there is none or it died or did not answer (the program does not wait in
   // tandem::run_main).
   std::optional<LaunchedProcess> activate(int local_rank, const std::vector<std::string>& env);
+  // Starts a new standby for `local_rank` when its own was activated (--ft-replace: the rank's
+  // next replacement is as fast as the first). Nothing when the pool holds none for it.
+  void restock(int local_rank);
   // SIGKILLs and reaps every unused standby.
   void discard();
   std::size_t size() const { return standby_.size(); }
@@ -45,8 +48,13 @@ class StandbyPool {
   struct Standby {
     LaunchedProcess process;
     UniqueFd control;  // our end of a socket pair; closing it unused tells the process to exit
+    bool used = false;  // activated: the slot may be restocked
   };
+  // Starts the standby of `local_rank` with program_; throws tandem::Error.
+  Standby launch(int local_rank) const;
+
   std::vector<Standby> standby_;  // by local rank
+  LaunchSpec program_;            // what start() was given
 };
 
 // True when the ELF file at `path` refers to tandem::run_main (either overload) in its dynamic

@@ -196,7 +196,7 @@ Worker WorkerGroup::spawn(int local_rank, int restart_count, int incarnation) {
   return worker;
 }
 
-void WorkerGroup::replace_worker(int local_rank, int restart_count) {
+bool WorkerGroup::replace_worker(int local_rank, int restart_count, bool restock) {
   Worker& old = workers_.at(static_cast<std::size_t>(local_rank));
   if (!old.exit) {  // a hung one: SIGKILLed by the reporter, or now
     kill_worker(local_rank);
@@ -214,7 +214,13 @@ void WorkerGroup::replace_worker(int local_rank, int restart_count) {
     }
   }
   const int incarnation = old.incarnation + 1;
+  const int activated = activated_;
   workers_[static_cast<std::size_t>(local_rank)] = spawn(local_rank, restart_count, incarnation);
+  const bool from_standby = activated_ > activated;
+  if (from_standby && restock &&
+      (options_.standby_mode != StandbyMode::kAuto || !standby_memory_shortage(1)))
+    standby_.restock(local_rank);
+  return from_standby;
 }
 
 LaunchSpec WorkerGroup::program_spec(std::vector<std::string> env, std::string who) const {

@@ -149,8 +149,10 @@ class WorkerGroup {
   void kill_worker(int local_rank);
   // --ft-replace: ends and reaps the failed worker `local_rank` (and what it left running), and
   // starts its replacement (the next incarnation, TANDEM_REPLACEMENT) from the standby of that local
-  // rank when there is one. Throws tandem::Error when it cannot be started.
-  void replace_worker(int local_rank, int restart_count);
+  // rank when there is one; then, with `restock`, starts a new standby for the rank's next
+  // replacement (memory permitting, as start_standby()). Returns whether the standby was used.
+  // Throws tandem::Error when the replacement cannot be started.
+  bool replace_worker(int local_rank, int restart_count, bool restock);
 
   // The first stop signal (SIGINT, SIGTERM, ...) tandemrun received during the run, also one that
   // cut a stop() or settle() short; 0 if none. A run that received one is never restarted.
