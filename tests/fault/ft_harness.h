@@ -40,20 +40,21 @@ inline RunResult run_worker(int nproc, const std::vector<std::string>& launcher_
   return run_tandemrun(args, worker_env(env), 60s);
 }
 
-// Parameters of the run whose first `switch_step` steps train on `nproc` ranks and the rest on
-// `nproc - lost`, through a checkpoint at the switch (none when it is 0). Cached per shape.
-inline std::string reference(int nproc, int lost, int switch_step) {
-  static std::map<std::tuple<int, int, int>, std::string> cache;
-  const auto key = std::make_tuple(nproc, lost, switch_step);
+// Parameters of the run of `steps` steps whose first `switch_step` train on `nproc` ranks and the
+// rest on `nproc - lost`, through a checkpoint at the switch (none when it is 0). Cached per shape.
+inline std::string reference(int nproc, int lost, int switch_step, int steps = kSteps) {
+  static std::map<std::tuple<int, int, int, int>, std::string> cache;
+  const auto key = std::make_tuple(nproc, lost, switch_step, steps);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   TempDir dir("ft_reference");
   const std::string out = dir.path + "/params.bin", ckpt = dir.path + "/ckpt";
+  const std::string n = std::to_string(steps);
   if (switch_step > 0) {
-    const RunResult first = run_worker(
-        nproc, {}, {"--out", out, "--ckpt", ckpt, "--save-at", std::to_string(switch_step)});
+    const RunResult first = run_worker(nproc, {}, {"--out", out, "--ckpt", ckpt, "--steps", n,
+                                                   "--save-at", std::to_string(switch_step)});
     EXPECT_EQ(first.exit_code, 0) << first.err << first.out;
   }
-  const RunResult second = run_worker(nproc - lost, {}, {"--out", out, "--ckpt", ckpt});
+  const RunResult second = run_worker(nproc - lost, {}, {"--out", out, "--ckpt", ckpt, "--steps", n});
   EXPECT_EQ(second.exit_code, 0) << second.err << second.out;
   return cache[key] = read_file(out);
 }

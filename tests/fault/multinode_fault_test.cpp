@@ -5,10 +5,8 @@
 // --nnodes 2:2 a lost node is unrecoverable and named as the root cause.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/file.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -27,18 +25,6 @@ namespace fs = std::filesystem;
 
 constexpr const char* kToken = "multinode-fault-test-token";
 
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
 // pid of the worker with global rank `rank` from its "pid P rank R restart C" line.
 pid_t worker_pid(const std::string& out, int rank) {
   const std::regex line("pid ([0-9]+) rank " + std::to_string(rank) + " restart");
@@ -52,7 +38,7 @@ class MultiNodeFaultTest : public ::testing::Test {
     char dir[] = "/tmp/tandem_mnfault_XXXXXX";
     ASSERT_NE(::mkdtemp(dir), nullptr);
     dir_ = dir;
-    port_ = free_port();
+    port_ = free_loopback_port();
   }
   void TearDown() override {
     std::error_code ignored;

@@ -4,9 +4,7 @@
 // after the job's only round closed (it waits, and exits 0 when the job finishes).
 // Training across membership changes is in tests/fault/multinode_fault_test.cpp.
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -22,18 +20,6 @@
 
 namespace tandem::launcher_test {
 namespace {
-
-int free_port() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  socklen_t len = sizeof addr;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::vector<std::string> env_with_token(const std::string& token) {
   std::vector<std::string> env;
@@ -65,7 +51,7 @@ bool wait_err(TandemrunProcess& p, const std::string& needle) {
 // Two agents x two workers, node rank 0 hosting the store at --master-addr:--master-port: every
 // worker sees a consistent torchrun environment for a world of 4.
 TEST(MultiNodeTest, TwoAgentsTwoWorkersEachGetTheTorchrunEnvironment) {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(free_loopback_port());
   auto args = [&](const std::string& node_rank) {
     return std::vector<std::string>{"--nnodes", "2", "--node_rank", node_rank,
                                     "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
@@ -107,7 +93,7 @@ TEST(MultiNodeTest, TwoAgentsTwoWorkersEachGetTheTorchrunEnvironment) {
 // An agent with another job token is turned away with the documented message and starts no
 // worker; the host logs it and keeps waiting for its own nodes.
 TEST(MultiNodeTest, ForeignJobTokenIsRejected) {
-  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_loopback_port());
   auto args = [&] {
     return std::vector<std::string>{"--nnodes", "2", "--nproc-per-node", "1", "--rdzv-endpoint",
                                     endpoint, worker_path(), "env"};
@@ -133,7 +119,7 @@ TEST(MultiNodeTest, ForeignJobTokenIsRejected) {
 // A client whose store host never comes gives up after --rdzv-join-timeout-s, naming the
 // endpoint.
 TEST(MultiNodeTest, UnreachableEndpointIsNamed) {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(free_loopback_port());
   const RunResult r = run_tandemrun(
       {"--nnodes", "2", "--node-rank", "1", "--nproc-per-node", "1", "--master-port", port,
        "--rdzv-join-timeout-s", "1", worker_path(), "env"},
@@ -147,7 +133,7 @@ TEST(MultiNodeTest, UnreachableEndpointIsNamed) {
 // --nnodes 1:2: node A's round closes after the last call with one node; node B arrives later,
 // waits for a restart that never comes, and exits 0 when the job has finished.
 TEST(MultiNodeTest, NodeStillWaitingWhenTheJobFinishesExitsZero) {
-  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_loopback_port());
   auto args = [&] {
     return std::vector<std::string>{"--nnodes", "1:2", "--nproc-per-node", "1",
                                     "--rdzv-endpoint", endpoint, "--rdzv-last-call-s", "0.2",
@@ -170,7 +156,7 @@ TEST(MultiNodeTest, NodeStillWaitingWhenTheJobFinishesExitsZero) {
 // Issue 20 item 1 across nodes: a worker on node 1 exits 2 (a configuration error); the agent
 // reports it with its reason and both agents stop at once and exit 2, restarts left or not.
 TEST(MultiNodeTest, AFailureNoRestartCanFixStopsEveryNode) {
-  const std::string port = std::to_string(free_port());
+  const std::string port = std::to_string(free_loopback_port());
   auto args = [&](const std::string& node_rank) {
     return std::vector<std::string>{"--nnodes", "2", "--node_rank", node_rank,
                                     "--nproc-per-node", "1", "--master-addr", "127.0.0.1",

@@ -88,6 +88,9 @@ RunResult run_tandemrun(const std::vector<std::string>& args,
                         const std::vector<std::string>& env = clean_env(),
                         std::chrono::milliseconds timeout = 20s);
 
+// A TCP port free on 127.0.0.1 right now (bound and released).
+int free_loopback_port();
+
 // The bytes of the file at `path`; empty when it cannot be read.
 std::string read_file(const std::string& path);
 

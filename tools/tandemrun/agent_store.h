@@ -5,8 +5,9 @@
 // (libtandemrun_c10d.so, the only part of tandemrun linked against libtorch) the first time it
 // connects, so single-node runs start without it. Ownership: the caller owns each connection.
 // Thread-safety: one connection per thread. Errors: std::runtime_error with c10d's message (an
-// unreachable or lost store, a port already bound); RendezvousError when the module cannot be
-// loaded.
+// unreachable or lost store, a port already bound), or when a request is not answered within the
+// timeout (a partition): the connection is then abandoned and every later request fails at once;
+// RendezvousError when the module cannot be loaded.
 #pragma once
 
 #include <chrono>
@@ -25,6 +26,8 @@ class StoreConnection {
   virtual std::optional<std::string> get(const std::string& key) = 0;
   // Adds `delta` to the counter under `key` (created at 0) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // Bounds each later operation (connecting may take longer: the host may start late).
+  virtual void set_timeout(std::chrono::milliseconds timeout) = 0;
 };
 
 struct StoreAddress {

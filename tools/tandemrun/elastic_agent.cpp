@@ -7,12 +7,14 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
 #include <tandem/base/errors.h>
 
 #include "tools/tandemrun/fd_io.h"
+#include "tools/tandemrun/ft_reporter.h"
 #include "tools/tandemrun/job_token.h"
 #include "tools/tandemrun/rendezvous.h"
 #include "tools/tandemrun/root_cause.h"
@@ -96,6 +98,8 @@ class Agent {
   RoundFailure handle_local_failure(const Round& round, const MonitorResult& result);
   // This node's workers succeeded: waits for the other nodes' outcome.
   std::optional<RoundFailure> wait_for_round(const Round& round, bool* all_succeeded);
+  // --ft: a lost node does not end the round; its ranks drop out at the workers' next quorum.
+  void note_lost(const Round& round, const std::vector<RoundMember>& lost);
 
   SignalRelay signals_;  // first: the group polls it
   LauncherOptions options_;
@@ -103,7 +107,22 @@ class Agent {
   WorkerGroup group_;
   int stop_signal_ = 0;
   std::chrono::milliseconds grace_{0};
+  std::unique_ptr<FtReporter> ft_;  // --ft: this round's workers' store
+  FtTally tally_;
+  std::set<std::string> noted_lost_;  // agent ids
 };
+
+void Agent::note_lost(const Round& round, const std::vector<RoundMember>& lost) {
+  for (const RoundMember& m : lost) {
+    if (!noted_lost_.insert(m.agent_id).second) continue;
+    const int first = m.node_rank * options_.nproc_per_node;
+    log_line("node " + std::to_string(m.node_rank) + " (" + m.addr + ") was lost: its agent renewed "
+             "no keep-alive for " + seconds_text(options_.rdzv_node_timeout_s) + "; its ranks " +
+             std::to_string(first) + "-" + std::to_string(first + m.nproc - 1) +
+             " drop out at the workers' next quorum and the others go on (--ft, round " +
+             std::to_string(round.number) + ")");
+  }
+}
 
 bool Agent::interrupted() {
   pollfd p{signals_.fd(), POLLIN, 0};
@@ -176,13 +195,16 @@ std::optional<RoundFailure> Agent::wait_for_round(const Round& round, bool* all_
   *all_succeeded = false;
   for (;;) {
     rdzv_.check_store();
-    if (rdzv_.successes(round.number) >= static_cast<int>(round.members.size())) {
+    const auto lost = rdzv_.lost_members(round);
+    // --ft: a lost node's ranks dropped out, and the others finished without them.
+    const int done = rdzv_.successes(round.number) + (ft_ ? static_cast<int>(lost.size()) : 0);
+    if (done >= static_cast<int>(round.members.size())) {
+      if (ft_) note_lost(round, lost);
       *all_succeeded = true;
       return std::nullopt;
     }
     if (auto f = rdzv_.failure(round.number)) return f;
-    const auto lost = rdzv_.lost_members(round);
-    if (!lost.empty()) {
+    if (!lost.empty() && !ft_) {
       return rdzv_.report_failure(
           lost_node_failure(round.number, lost.front(), options_.rdzv_node_timeout_s));
     }
@@ -237,20 +259,31 @@ int Agent::run() {
              std::to_string(nnodes * options_.nproc_per_node) + ", workers' store at " +
              round.master_addr + ":" + std::to_string(round.master_port));
     group_.set_layout(round.node_rank, nnodes, round.master_addr, round.master_port);
+    if (options_.ft) {
+      ft_.reset();  // the last round's store
+      ft_ = std::make_unique<FtReporter>(options_, round.master_addr, round.master_port,
+                                         round.serves_workers_store);
+    }
     std::optional<RoundFailure> remote;
     group_.set_monitor_hook(
         [&] {
-          rdzv_.check_store();
+          rdzv_.check_store();  // throws when this node is cut off from the rendezvous
           if ((remote = rdzv_.failure(r))) return true;
           const auto lost = rdzv_.lost_members(round);
           if (lost.empty()) return false;
+          if (ft_) {
+            note_lost(round, lost);
+            return false;
+          }
           remote = rdzv_.report_failure(
               lost_node_failure(r, lost.front(), options_.rdzv_node_timeout_s));
           return true;
         },
         kHookInterval);
     group_.start(r);
-    const MonitorResult result = group_.monitor();
+    MonitorResult result = group_.monitor();
+    // --ft: a worker that fails is reported to the others, which go on (ft_reporter.h).
+    if (ft_) result = ft_->monitor(group_, r, result, tally_);
     RoundFailure counted;
     switch (result.outcome) {
       case MonitorResult::Outcome::kSucceeded: {
@@ -332,9 +365,17 @@ int run_elastic_agent(LauncherOptions options, std::vector<std::string> env) {
                              return e.rfind("TANDEM_JOB_TOKEN=", 0) == 0;
                            }),
             env.end());
+  const bool ft = options.ft;
   try {
     Agent agent(std::move(options), std::move(env), std::move(token));
     return agent.run();
+  } catch (const RendezvousError& e) {
+    log_line(std::string("error: ") + e.what());
+    if (ft) {
+      log_line("--ft: this node's workers were stopped: cut off from the agent that hosts the "
+               "rendezvous, they have no quorum; the nodes that still reach it go on without them");
+    }
+    return kExitFailed;
   } catch (const Error& e) {
     log_line(std::string("error: ") + e.what());
     return kExitFailed;

@@ -1,5 +1,6 @@
 #include "tools/tandemrun/ft_reporter.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <string>
@@ -12,21 +13,31 @@
 
 namespace tandem::launcher {
 
-FtReporter::FtReporter(const LauncherOptions& options) : options_(options) {
+FtReporter::FtReporter(const LauncherOptions& options, const std::string& host, int port, bool serve)
+    : options_(options), endpoint_(host + ":" + std::to_string(port)) {
   StoreAddress address;
-  address.host = options.master_addr;
-  address.port = options.master_port;
-  address.server = true;
+  address.host = host;
+  address.port = port;
+  address.server = serve;
+  // A client waits this long for the serving agent to come up, and for each request.
   address.timeout = std::chrono::seconds(30);
   try {
     store_ = connect_store(address);
   } catch (const Error&) {
     throw;  // the store module is missing: its message says what to do
   } catch (const std::exception& e) {
-    throw Error("--ft: tandemrun cannot serve the workers' rendezvous store at " +
-                options.master_addr + ":" + std::to_string(options.master_port) + " (" + e.what() +
-                "); pick a free --master-port on this host, or use --standalone");
+    if (serve) {
+      throw Error("--ft: tandemrun cannot serve the workers' rendezvous store at " + host + ":" +
+                  std::to_string(port) + " (" + e.what() +
+                  "); pick a free --master-port on this host, or use --standalone");
+    }
+    throw Error("--ft: this node cannot reach the workers' store at " + host + ":" +
+                std::to_string(port) + ", which the agent hosting the rendezvous serves (" +
+                e.what() + "); check that the nodes reach each other there");
   }
+  // A report that hangs (the serving node is gone) must not hold this node for 30 s.
+  if (!serve) store_->set_timeout(std::chrono::milliseconds(std::max<long long>(
+                  1000, static_cast<long long>(options.rdzv_node_timeout_s * 1000.0))));
 }
 
 int FtReporter::report_failures(WorkerGroup& group, int restart_count) {
@@ -51,6 +62,50 @@ bool FtReporter::group_failed(int restart_count) {
   const auto why = store_->get(ft_keys(options_, restart_count) + "/group_failed");
   if (why) log_line("the workers cannot go on without a restart: " + *why);
   return why.has_value();
+}
+
+MonitorResult FtReporter::monitor(WorkerGroup& group, int restart_count, MonitorResult result,
+                                  FtTally& tally) {
+  // (A hung worker that was SIGKILLed fails again when it exits: reported already, no news.)
+  while (result.outcome == MonitorResult::Outcome::kWorkerFailed) {
+    try {
+      tally.tolerated += report_failures(group, restart_count);
+      tally.group_failed = group_failed(restart_count);
+    } catch (const std::exception& e) {
+      throw Error("--ft: the workers' store at " + endpoint_ + " stopped answering (" + e.what() +
+                  "): this node is cut off from the agent that serves it, so its workers cannot "
+                  "take part in a quorum; they stop");
+    }
+    if (tally.group_failed) break;
+    const auto& w = group.workers();
+    if (std::none_of(w.begin(), w.end(), [](const Worker& x) { return !x.exit && !x.hung; })) {
+      // The others finished training (a replacement found nothing left to join), or nobody is
+      // left to go on: the attempt fails as without --ft.
+      if (std::any_of(w.begin(), w.end(), [](const Worker& x) { return x.exit && x.exit->success(); }))
+        result.outcome = MonitorResult::Outcome::kSucceeded;
+      break;
+    }
+    for (std::size_t i = 0; options_.ft_replace && i < w.size(); ++i) {
+      if (!w[i].failed_on_its_own()) continue;
+      if (tally.replaced >= options_.max_restarts) {
+        log_line("rank " + std::to_string(w[i].rank) + " is not replaced: all " +
+                 std::to_string(options_.max_restarts) + " replacements/restarts (--max-restarts) "
+                 "are used; the others go on without it");
+        continue;
+      }
+      ++tally.replaced;
+      const bool standby = group.replace_worker(static_cast<int>(i), restart_count,
+                                                /*restock=*/tally.replaced < options_.max_restarts);
+      log_line("rank " + std::to_string(w[i].rank) + ": replacement " +
+               std::to_string(w[i].incarnation) + " started" + (standby ? " from its standby" : "") +
+               "; it joins the others at their next step and heals from a live peer (--ft-replace; " +
+               std::to_string(tally.replaced) + " of at most " +
+               std::to_string(options_.max_restarts) + " --max-restarts used)");
+    }
+    group.clear_failures();
+    result = group.monitor();
+  }
+  return result;
 }
 
 }  // namespace tandem::launcher

@@ -157,10 +157,6 @@ void validate(const LauncherOptions& o, bool port_given) {
     throw ConfigError("--monitor-interval must be between 0.001 and 60 seconds (got " + v.str() +
                       ")");
   }
-  if (o.ft && o.multi_node()) {
-    throw ConfigError("--ft is single-node for now (one tandemrun serves the store and sees every "
-                      "worker die); drop --ft or run with --nnodes 1");
-  }
   if (!std::isfinite(o.heartbeat_timeout_s) || o.heartbeat_timeout_s < 0 ||
       o.heartbeat_timeout_s > 86400) {
     std::ostringstream v;
@@ -290,7 +286,8 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
                "Step-level fault tolerance (docs/fault_tolerance.md): tandemrun serves the "
                "rendezvous store and reports a worker that dies; the others drop the step, go on "
                "without it (ft.enabled in the program) and the group restarts only when they fail "
-               "too")
+               "too. On several nodes the agent hosting the rendezvous serves the store; a node "
+               "cut off from it stops its workers")
       ->envname("PET_FT");
   app.add_flag("--ft-replace", o.ft_replace,
                "With --ft (implied): start a replacement for each worker that dies (a standby's "

@@ -53,9 +53,9 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
   std::vector<FailureRecord> failures;  // the first failure of every attempt, in order
   // --ft: tandemrun serves the store for the whole run (one port) and reports dead workers.
   std::unique_ptr<FtReporter> ft;
-  if (options.ft) ft = std::make_unique<FtReporter>(options);
-  int tolerated = 0;  // workers that failed while the others went on (--ft)
-  int replaced = 0;   // replacements started (--ft-replace; each uses one of --max-restarts)
+  if (options.ft)
+    ft = std::make_unique<FtReporter>(options, options.master_addr, options.master_port, true);
+  FtTally tally;  // tolerated failures and replacements, over all attempts
   for (int restart_count = 0;; ++restart_count) {
     if (restart_count > 0 && options.standalone && !ft) {
       // A fresh port per attempt: the old rank 0's store socket may linger (TIME_WAIT).
@@ -65,38 +65,7 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
     group.start(restart_count);
     MonitorResult result = group.monitor();
     // --ft: report each failed worker to the others and let them go on, while any still runs.
-    // (A hung worker that was SIGKILLed fails again when it exits: reported already, no news.)
-    while (ft && result.outcome == MonitorResult::Outcome::kWorkerFailed) {
-      tolerated += ft->report_failures(group, restart_count);
-      if (ft->group_failed(restart_count)) break;  // restarted below, as without --ft
-      const auto& w = group.workers();
-      if (std::none_of(w.begin(), w.end(), [](const Worker& x) { return !x.exit && !x.hung; })) {
-        // The others finished training (a replacement found nothing left to join), or nobody is
-        // left to go on: the group fails as without --ft.
-        if (std::any_of(w.begin(), w.end(), [](const Worker& x) { return x.exit && x.exit->success(); }))
-          result.outcome = MonitorResult::Outcome::kSucceeded;
-        break;
-      }
-      for (std::size_t i = 0; options.ft_replace && i < w.size(); ++i) {
-        if (!w[i].failed_on_its_own()) continue;
-        if (replaced >= options.max_restarts) {
-          log_line("rank " + std::to_string(w[i].rank) + " is not replaced: all " +
-                   std::to_string(options.max_restarts) + " replacements/restarts (--max-restarts) "
-                   "are used; the others go on without it");
-          continue;
-        }
-        ++replaced;
-        const bool standby = group.replace_worker(static_cast<int>(i), restart_count,
-                                                  /*restock=*/replaced < options.max_restarts);
-        log_line("rank " + std::to_string(w[i].rank) + ": replacement " +
-                 std::to_string(w[i].incarnation) + " started" +
-                 (standby ? " from its standby" : "") + "; it joins the others at their next "
-                 "step and heals from a live peer (--ft-replace; " + std::to_string(replaced) +
-                 " of at most " + std::to_string(options.max_restarts) + " --max-restarts used)");
-      }
-      group.clear_failures();
-      result = group.monitor();
-    }
+    if (ft) result = ft->monitor(group, restart_count, result, tally);
     switch (result.outcome) {
       case MonitorResult::Outcome::kSucceeded:
         group.stop(SIGTERM, grace);  // all exited: only ends what they may have left running
@@ -104,10 +73,10 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
           log_line("all workers exited 0 after " + std::to_string(restart_count) + " restart" +
                    (restart_count == 1 ? "" : "s"));
         }
-        if (tolerated > 0) {
-          log_line("the remaining workers exited 0; " + std::to_string(tolerated) + " worker" +
-                   (tolerated == 1 ? "" : "s") + " failed and the others went on without " +
-                   (tolerated == 1 ? "it" : "them") + " (--ft)");
+        if (tally.tolerated > 0) {
+          log_line("the remaining workers exited 0; " + std::to_string(tally.tolerated) + " worker" +
+                   (tally.tolerated == 1 ? "" : "s") + " failed and the others went on without " +
+                   (tally.tolerated == 1 ? "it" : "them") + " (--ft)");
         }
         return 0;
       case MonitorResult::Outcome::kWorkerFailed: {
@@ -147,7 +116,7 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
                    (f.error ? ": " + f.error->message : std::string()) +
                    "; a restart cannot fix it; not restarting");
         }
-        if (restart_count + replaced < options.max_restarts && stop_signal == 0 && !cannot_fix) {
+        if (restart_count + tally.replaced < options.max_restarts && stop_signal == 0 && !cannot_fix) {
           log_line("rank " + std::to_string(f.rank) + " " + f.what +
                    (f.error ? ": " + f.error->message : std::string()) +
                    "; restarting all workers (restart " + std::to_string(restart_count + 1) +

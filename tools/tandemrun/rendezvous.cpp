@@ -67,8 +67,16 @@ Rendezvous::JoinOutcome Rendezvous::join(int min_round, const std::function<bool
         round->node_rank = self->node_rank;
         last_node_rank_ = self->node_rank;  // asked for again next round: ranks stay stable
         round->members = *members;
-        round->master_addr = members->front().addr;
-        round->master_port = members->front().free_port;
+        const RoundMember* store_node = &members->front();
+        if (options_.ft) {
+          const auto host = store_.try_get("host");
+          for (const auto& m : *members) {
+            if (host && m.agent_id == *host) store_node = &m;
+          }
+        }
+        round->master_addr = store_node->addr;
+        round->master_port = store_node->free_port;
+        round->serves_workers_store = options_.ft && store_node->agent_id == agent_id();
         return JoinOutcome::kJoined;
       }
       const long long joined = store_.counter(rk + "joined", 0);

@@ -33,8 +33,11 @@ struct Round {
   int number = 0;              // also TORCHELASTIC_RESTART_COUNT
   int node_rank = 0;           // this node's
   std::vector<RoundMember> members;  // ordered by node rank
-  std::string master_addr;     // the workers' store: on node rank 0
+  // The workers' store: served by global rank 0 (on node rank 0); with --ft by the agent that
+  // hosts the rendezvous, so that the side of a partition that keeps both is the one that goes on.
+  std::string master_addr;
   int master_port = 0;
+  bool serves_workers_store = false;  // --ft: this agent serves it
 };
 
 // A failure as reported to all agents (the first report of a round wins).

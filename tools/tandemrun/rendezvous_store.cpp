@@ -180,9 +180,14 @@ RendezvousStore::RendezvousStore(const LauncherOptions& options, std::string tok
     host_nonce_ = generate_nonce();
     set_key(std::string(kAuthPrefix) + "nonce", host_nonce_);
     set_key(std::string(kAuthPrefix) + "proof", token_digest(token_, "host", host_nonce_));
+    put("host", agent_id_);  // --ft: the agent that serves the workers' store (rendezvous.h)
   } else {
     verify_host();
   }
+  // Connecting waits for a host that starts late; a request to a reachable host answers at once.
+  // One that hangs (a partition) fails after the node timeout, as the others judge this node.
+  const auto op_timeout = std::max(millis(options_.rdzv_node_timeout_s), std::chrono::milliseconds(1000));
+  store_->set_timeout(op_timeout);
   std::unique_ptr<StoreConnection> second;
   try {
     second = connect_store(address);
@@ -193,6 +198,7 @@ RendezvousStore::RendezvousStore(const LauncherOptions& options, std::string tok
   const long long n = counter("agents", 1);
   put("agent/" + std::to_string(n), agent_id_);
   counter("alive/" + agent_id_, 1);
+  second->set_timeout(op_timeout);
   keep_alive_ = std::make_unique<KeepAlive>(
       std::move(second), prefix_ + "alive/" + agent_id_,
       std::chrono::milliseconds(std::clamp<long long>(
@@ -200,9 +206,10 @@ RendezvousStore::RendezvousStore(const LauncherOptions& options, std::string tok
 }
 
 RendezvousStore::~RendezvousStore() {
+  const bool reachable = keep_alive_ && !keep_alive_->lost();
   keep_alive_.reset();
   try {
-    if (!host_ && store_) put("left/" + agent_id_, "1");
+    if (!host_ && store_ && reachable) put("left/" + agent_id_, "1");
   } catch (const std::exception&) {
     // The host is gone already: nothing to tell.
   }
