@@ -282,8 +282,12 @@ std::string ShmChannel::abort_reason(uint32_t abort_word) const {
 
 void ShmChannel::begin_op(const ShmOpIdentity& op) {
   if (const uint32_t word = header_->abort_word.load(std::memory_order_acquire); word != 0) {
-    throw CommError(std::string("shared-memory ") + kind_name(op.kind) +
-                    " refused: " + abort_reason(word));
+    const std::string msg = std::string("shared-memory ") + kind_name(op.kind) + " refused: " +
+                            abort_reason(word);
+    // Another rank aborted (it failed, or left): a lost peer, as when it happens mid-op.
+    const int by = static_cast<int>(word & 0xffffff) - 1;
+    if ((word >> 24) != kMismatch && by != rank_) throw PeerLostError(msg);
+    throw CommError(msg);
   }
   op_name_ = kind_name(op.kind);
   op_parity_ = static_cast<int>((step_ + 1) & 1);
