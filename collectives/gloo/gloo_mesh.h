@@ -67,7 +67,10 @@ class GlooMesh {
                          std::chrono::milliseconds timeout) = 0;
   virtual void barrier(uint32_t tag, std::chrono::milliseconds timeout) = 0;
   virtual std::unique_ptr<GlooBuffer> buffer(void* data, size_t nbytes) = 0;
-  // Closes every connection (best effort): blocked ops and waits fail instead of hanging.
+  // Closes every connection (best effort): later ops fail at once, and so do ops blocked on a
+  // peer whose socket then errors. An op waiting on a peer that went silent (a partition) still
+  // waits out its timeout: Gloo's close() does not wake its buffers, and the call that would
+  // (tcp::Pair::signalExceptionExternal) is in a header Debian's libgloo-dev cannot compile.
   virtual void close() = 0;
 };
 

@@ -86,6 +86,13 @@ std::string get_text(c10d::Store& store, const std::string& key) {
 
 bool has(c10d::Store& store, const std::string& key) { return store.check({key}); }
 
+// Whether the launcher reported `member` ("rank.incarnation") dead: dead/<member>, or
+// dead/any/<rank> for every rank of a node that was lost (tandemrun's ft_reporter.h).
+bool reported_dead(c10d::Store& store, const std::string& dead_prefix, const std::string& member) {
+  const std::string rank = member.substr(0, member.find('.'));
+  return has(store, dead_prefix + member) || has(store, dead_prefix + "any/" + rank);
+}
+
 // Polls `done` about every millisecond (a step's vote takes a few store round trips; the step
 // itself takes far longer) until it is true or `deadline` passed. False on the deadline. Beats
 // the launcher's heartbeat meanwhile: a rank waiting for a quorum or a replacement is not hung.
@@ -266,7 +273,7 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
         if (store.add(base + "/ok", 0) == size) return true;
         if (store.add(dead_prefix_ + "count", 0) != dead_before) {
           for (std::size_t i = 0; i < members_.size(); ++i)
-            any_dead = any_dead || has(store, dead_prefix_ + id(i));
+            any_dead = any_dead || reported_dead(store, dead_prefix_, id(i));
         }
         return any_dead;
       });
@@ -301,7 +308,7 @@ std::string FaultTolerantWorld::decide(int64_t epoch, const std::vector<std::str
   for (const std::string& a : alive) {
     // A member the launcher reported dead meanwhile (a second failure before anyone noticed it)
     // would hold up the new world's rendezvous until comm.timeout_s.
-    if (!has(store, dead_prefix_ + a)) m.members.push_back(parse_id(a));
+    if (!reported_dead(store, dead_prefix_, a)) m.members.push_back(parse_id(a));
   }
   m.requests = requests;
   m.step = step;
@@ -313,7 +320,7 @@ std::string FaultTolerantWorld::decide(int64_t epoch, const std::vector<std::str
   }
   for (int64_t i = joins_seen_ + 1; i <= requests; ++i) {
     const MemberId joiner = parse_id(get_text(store, prefix_ + "/join/" + std::to_string(i)));
-    if (has(store, dead_prefix_ + joiner.text())) continue;  // died before it was admitted
+    if (reported_dead(store, dead_prefix_, joiner.text())) continue;  // died before it was admitted
     // One process per launch rank: a request for a rank whose member is as new is stale; a newer
     // one replaces the member (the launcher replaces only a dead process).
     if (std::any_of(m.members.begin(), m.members.end(), [&](const MemberId& x) {
@@ -399,7 +406,7 @@ void FaultTolerantWorld::reform(const std::string& why, int64_t step) {
     std::vector<std::string> last;
     for (std::size_t i = 0; i < members_.size(); ++i) last.push_back(id(i));
     auto joined = [&](const std::string& m) { return has(store, base + "/joined/" + m); };
-    auto dead = [&](const std::string& m) { return has(store, dead_prefix_ + m); };
+    auto dead = [&](const std::string& m) { return reported_dead(store, dead_prefix_, m); };
     poll_until(Clock::now() + seconds(options_.quorum_timeout_s), [&] {
       return std::all_of(last.begin(), last.end(), [&](const std::string& m) { return joined(m) || dead(m); });
     });

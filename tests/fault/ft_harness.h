@@ -41,20 +41,25 @@ inline RunResult run_worker(int nproc, const std::vector<std::string>& launcher_
 }
 
 // Parameters of the run of `steps` steps whose first `switch_step` train on `nproc` ranks and the
-// rest on `nproc - lost`, through a checkpoint at the switch (none when it is 0). Cached per shape.
-inline std::string reference(int nproc, int lost, int switch_step, int steps = kSteps) {
-  static std::map<std::tuple<int, int, int, int>, std::string> cache;
-  const auto key = std::make_tuple(nproc, lost, switch_step, steps);
+// rest on `nproc - lost`, through a checkpoint at the switch (none when it is 0), with `settings`
+// (--set key=value: the transport decides the reduction's rounding). Cached per shape.
+inline std::string reference(int nproc, int lost, int switch_step, int steps = kSteps,
+                             const std::vector<std::string>& settings = {}) {
+  static std::map<std::tuple<int, int, int, int, std::vector<std::string>>, std::string> cache;
+  const auto key = std::make_tuple(nproc, lost, switch_step, steps, settings);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   TempDir dir("ft_reference");
   const std::string out = dir.path + "/params.bin", ckpt = dir.path + "/ckpt";
-  const std::string n = std::to_string(steps);
+  auto args = [&](std::vector<std::string> a) {
+    a.insert(a.end(), {"--out", out, "--ckpt", ckpt, "--steps", std::to_string(steps)});
+    for (const std::string& s : settings) a.insert(a.end(), {"--set", s});
+    return a;
+  };
   if (switch_step > 0) {
-    const RunResult first = run_worker(nproc, {}, {"--out", out, "--ckpt", ckpt, "--steps", n,
-                                                   "--save-at", std::to_string(switch_step)});
+    const RunResult first = run_worker(nproc, {}, args({"--save-at", std::to_string(switch_step)}));
     EXPECT_EQ(first.exit_code, 0) << first.err << first.out;
   }
-  const RunResult second = run_worker(nproc - lost, {}, {"--out", out, "--ckpt", ckpt, "--steps", n});
+  const RunResult second = run_worker(nproc - lost, {}, args({}));
   EXPECT_EQ(second.exit_code, 0) << second.err << second.out;
   return cache[key] = read_file(out);
 }

@@ -116,6 +116,7 @@ void Agent::note_lost(const Round& round, const std::vector<RoundMember>& lost) 
   for (const RoundMember& m : lost) {
     if (!noted_lost_.insert(m.agent_id).second) continue;
     const int first = m.node_rank * options_.nproc_per_node;
+    ft_->report_lost_ranks(first, m.nproc, round.number, "its node " + m.addr + " was lost");
     log_line("node " + std::to_string(m.node_rank) + " (" + m.addr + ") was lost: its agent renewed "
              "no keep-alive for " + seconds_text(options_.rdzv_node_timeout_s) + "; its ranks " +
              std::to_string(first) + "-" + std::to_string(first + m.nproc - 1) +
@@ -281,9 +282,21 @@ int Agent::run() {
         },
         kHookInterval);
     group_.start(r);
-    MonitorResult result = group_.monitor();
-    // --ft: a worker that fails is reported to the others, which go on (ft_reporter.h).
-    if (ft_) result = ft_->monitor(group_, r, result, tally_);
+    MonitorResult result;
+    try {
+      result = group_.monitor();
+      // --ft: a worker that fails is reported to the others, which go on (ft_reporter.h).
+      if (ft_) result = ft_->monitor(group_, r, result, tally_);
+    } catch (const RendezvousError& e) {  // cut off from the rendezvous host (or its store)
+      log_line(std::string("error: ") + e.what());
+      log_line(std::string("stopping this node's workers (SIGTERM, SIGKILL after ") +
+               seconds_text(options_.grace_period_s) + ")" +
+               (options_.ft ? "; --ft: cut off from the agent that hosts the rendezvous, they have "
+                              "no quorum, and the nodes that still reach it go on without them"
+                            : ""));
+      group_.stop(SIGTERM, grace_);
+      return kExitFailed;
+    }
     RoundFailure counted;
     switch (result.outcome) {
       case MonitorResult::Outcome::kSucceeded: {
@@ -365,17 +378,9 @@ int run_elastic_agent(LauncherOptions options, std::vector<std::string> env) {
                              return e.rfind("TANDEM_JOB_TOKEN=", 0) == 0;
                            }),
             env.end());
-  const bool ft = options.ft;
   try {
     Agent agent(std::move(options), std::move(env), std::move(token));
     return agent.run();
-  } catch (const RendezvousError& e) {
-    log_line(std::string("error: ") + e.what());
-    if (ft) {
-      log_line("--ft: this node's workers were stopped: cut off from the agent that hosts the "
-               "rendezvous, they have no quorum; the nodes that still reach it go on without them");
-    }
-    return kExitFailed;
   } catch (const Error& e) {
     log_line(std::string("error: ") + e.what());
     return kExitFailed;

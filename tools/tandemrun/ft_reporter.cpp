@@ -8,6 +8,7 @@
 #include <tandem/base/errors.h>
 
 #include "tools/tandemrun/fd_io.h"
+#include "tools/tandemrun/rendezvous_store.h"
 #include "tools/tandemrun/run_summary.h"
 #include "tools/tandemrun/worker_env.h"
 
@@ -58,6 +59,23 @@ int FtReporter::report_failures(WorkerGroup& group, int restart_count) {
   return reported;
 }
 
+void FtReporter::cut_off(const std::exception& e) const {
+  throw RendezvousError("--ft: the workers' store at " + endpoint_ + " stopped answering (" + e.what() +
+              "): this node is cut off from the agent that serves it, so its workers cannot take "
+              "part in a quorum; they stop");
+}
+
+void FtReporter::report_lost_ranks(int first, int count, int restart_count, const std::string& what) {
+  const std::string prefix = ft_keys(options_, restart_count) + "/dead/";
+  try {
+    for (int rank = first; rank < first + count; ++rank)
+      store_->set(prefix + "any/" + std::to_string(rank), what);
+    store_->add(prefix + "count", 1);
+  } catch (const std::exception& e) {
+    cut_off(e);
+  }
+}
+
 bool FtReporter::group_failed(int restart_count) {
   const auto why = store_->get(ft_keys(options_, restart_count) + "/group_failed");
   if (why) log_line("the workers cannot go on without a restart: " + *why);
@@ -72,9 +90,7 @@ MonitorResult FtReporter::monitor(WorkerGroup& group, int restart_count, Monitor
       tally.tolerated += report_failures(group, restart_count);
       tally.group_failed = group_failed(restart_count);
     } catch (const std::exception& e) {
-      throw Error("--ft: the workers' store at " + endpoint_ + " stopped answering (" + e.what() +
-                  "): this node is cut off from the agent that serves it, so its workers cannot "
-                  "take part in a quorum; they stop");
+      cut_off(e);
     }
     if (tally.group_failed) break;
     const auto& w = group.workers();

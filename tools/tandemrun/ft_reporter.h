@@ -5,14 +5,16 @@
 //
 // Keys (under worker_env.h's ft_keys() of the attempt, which workers read as TANDEM_FT):
 // dead/<rank>.<incarnation> = what happened to it (incarnation: 0, or the how-many-th replacement
-// of that rank it was, --ft-replace), and dead/count, incremented after each report. Workers
-// write group_failed when the group cannot go on.
+// of that rank it was, --ft-replace), dead/any/<rank> for each rank of a lost node (whatever its
+// incarnation), and dead/count, incremented after each report. Workers write group_failed when
+// the group cannot go on.
 // Ownership: owns its store connection (serving: the server threads run until destruction).
 // Thread-safety: the main thread only. Errors: tandem::Error when the store cannot be served (the
-// port is taken, the store module is missing) or reached; std::runtime_error from a later request
-// to a store that stopped answering.
+// port is taken, the store module is missing) or reached; RendezvousError from monitor() when it
+// stopped answering (this node is cut off from the agent that serves it).
 #pragma once
 
+#include <exception>
 #include <memory>
 #include <set>
 #include <string>
@@ -44,12 +46,18 @@ class FtReporter {
   // nobody is left running; kSucceeded when the others finished.
   MonitorResult monitor(WorkerGroup& group, int restart_count, MonitorResult result, FtTally& tally);
 
+  // Reports ranks first..first+count-1 dead: their node was lost (multi-node). Their peers then
+  // stop waiting for their votes and for them to join the next epoch (ft.quorum_timeout_s).
+  void report_lost_ranks(int first, int count, int restart_count, const std::string& what);
+
   // A new attempt (whole-group restart): nobody is reported in it yet.
   void new_attempt() { reported_.clear(); }
 
  private:
   int report_failures(WorkerGroup& group, int restart_count);
   bool group_failed(int restart_count);
+  // A request failed: the store stopped answering (this node is on the far side of a partition).
+  [[noreturn]] void cut_off(const std::exception& e) const;
 
   LauncherOptions options_;
   std::string endpoint_;  // host:port
