@@ -113,7 +113,8 @@ struct TwoHosts {
          in(ns_a, "link set " + link_a + " up") && in(ns_b, "link set " + link_b + " up") &&
          in(ns_a, "link set lo up") && in(ns_b, "link set lo up") &&
          // Each host's address is on its loopback, so that it stays when the cable goes.
-         in(ns_a, "addr add " + addr_a + "/32 dev lo") && in(ns_b, "addr add " + addr_b + "/32 dev lo") &&
+         in(ns_a, "addr add " + addr_a + "/32 dev lo") &&
+         in(ns_b, "addr add " + addr_b + "/32 dev lo") &&
          in(ns_a, "route add " + addr_b + "/32 dev " + link_a + " src " + addr_a) &&
          in(ns_b, "route add " + addr_a + "/32 dev " + link_b + " src " + addr_b);
   }
@@ -129,7 +130,8 @@ struct TwoHosts {
   // the sockets that crossed it.
   bool cut() const { return in(ns_a, "link del " + link_a); }
   // A command line that runs tandemrun with `args` on host `ns`.
-  std::vector<std::string> tandemrun_on(const std::string& ns, const std::vector<std::string>& args) const {
+  std::vector<std::string> tandemrun_on(const std::string& ns,
+                                        const std::vector<std::string>& args) const {
     std::vector<std::string> argv{ip, "netns", "exec", ns, tandemrun_path()};
     argv.insert(argv.end(), args.begin(), args.end());
     return argv;

@@ -60,9 +60,9 @@ int FtReporter::report_failures(WorkerGroup& group, int restart_count) {
 }
 
 void FtReporter::cut_off(const std::exception& e) const {
-  throw RendezvousError("--ft: the workers' store at " + endpoint_ + " stopped answering (" + e.what() +
-              "): this node is cut off from the agent that serves it, so its workers cannot take "
-              "part in a quorum; they stop");
+  throw RendezvousError("--ft: the workers' store at " + endpoint_ + " stopped answering (" +
+                        e.what() + "): this node is cut off from the agent that serves it, so its "
+                        "workers cannot take part in a quorum; they stop");
 }
 
 void FtReporter::report_lost_ranks(int first, int count, int restart_count, const std::string& what) {

@@ -186,7 +186,8 @@ RendezvousStore::RendezvousStore(const LauncherOptions& options, std::string tok
   }
   // Connecting waits for a host that starts late; a request to a reachable host answers at once.
   // One that hangs (a partition) fails after the node timeout, as the others judge this node.
-  const auto op_timeout = std::max(millis(options_.rdzv_node_timeout_s), std::chrono::milliseconds(1000));
+  const auto op_timeout =
+      std::max(millis(options_.rdzv_node_timeout_s), std::chrono::milliseconds(1000));
   store_->set_timeout(op_timeout);
   std::unique_ptr<StoreConnection> second;
   try {
