@@ -106,7 +106,7 @@ GlooCommunicator::~GlooCommunicator() {
   // Unwaited sends/recvs may still be referenced by the transport: close connections first.
   const bool pending = std::any_of(p2p_in_flight_.begin(), p2p_in_flight_.end(),
                                    [](const auto& s) { return !s->waited; });
-  if (pending) abort("communicator destroyed with send/recv ops that were never waited");
+  if (pending) abort_self("communicator destroyed with send/recv ops that were never waited");
   p2p_in_flight_.clear();
 }
 
@@ -118,6 +118,11 @@ void GlooCommunicator::mark_broken(const std::string& reason, bool peer_lost) {
 }
 
 void GlooCommunicator::abort(const std::string& reason) {
+  abort_self(reason);
+  groups_.abort(reason);
+}
+
+void GlooCommunicator::abort_self(const std::string& reason) {
   mark_broken("aborted: " + reason);
   FlightRecorder::instance().dump("abort");
   if (shm_) shm_->abort();
@@ -252,8 +257,8 @@ std::shared_ptr<GlooCommunicator> GlooCommunicator::make_group(const std::vector
   for (int r : ranks) world.push_back(world_ranks_[r]);
   const int group_rank =
       static_cast<int>(std::find(ranks.begin(), ranks.end(), rank_) - ranks.begin());
-  return std::make_shared<GlooCommunicator>(store_, device_, prefix_ + "/" + name, group_rank,
-                                            std::move(world), options_);
+  return groups_.add(std::make_shared<GlooCommunicator>(store_, device_, prefix_ + "/" + name,
+                                                        group_rank, std::move(world), options_));
 }
 
 std::shared_ptr<Communicator> GlooCommunicator::new_group(const std::vector<int>& ranks) {

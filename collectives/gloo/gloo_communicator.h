@@ -7,6 +7,7 @@
 #include "base/serial_executor.h"
 #include "collectives/async_work.h"
 #include "collectives/gloo/gloo_mesh.h"
+#include "collectives/sub_groups.h"
 
 #include <tandem/collectives/gloo_communicator.h>
 
@@ -83,6 +84,8 @@ class GlooCommunicator final : public Communicator,
   void mark_broken(const std::string& reason, bool peer_lost = false);
 
  private:
+  // abort() without the sub-groups (the destructor: they may outlive this one).
+  void abort_self(const std::string& reason);
   OpDescription describe(const char* name, std::string detail, bool p2p = false);
   // Queues `run` on the op thread; throws CommError at once if the communicator is broken.
   WorkPtr enqueue(OpDescription description, std::function<void()> run);
@@ -113,6 +116,7 @@ class GlooCommunicator final : public Communicator,
   // Allreduce, reduce-scatter and all-gather through shared memory when every rank is on this
   // host (null: Gloo).
   std::unique_ptr<ShmCollectives> shm_;
+  detail::SubGroups groups_;  // aborted with this one
 
   std::mutex mutex_;  // guards the members up to ops_
   std::string broken_reason_;

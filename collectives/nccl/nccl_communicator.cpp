@@ -14,6 +14,7 @@
 #include "collectives/nccl/nccl_types.h"
 #include "collectives/nccl/nccl_watchdog.h"
 #include "collectives/nccl/nccl_work.h"
+#include "collectives/sub_groups.h"
 #include "collectives/tensor_checks.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -204,6 +205,7 @@ class NcclCommunicator : public Communicator,
   void abort(const std::string& reason) override {
     FlightRecorder::instance().dump("abort");
     fail(nullptr, nullptr, "aborted: " + reason, false);
+    groups_.abort(reason);
   }
 
   // ---- detail::NcclWatchdogOwner (the watchdog thread; op_timed_out also a waiting thread) ----
@@ -411,7 +413,7 @@ class NcclCommunicator : public Communicator,
                  "cudaMemcpy");
       cudaFree(dev);
     }
-    return std::make_shared<NcclCommunicator>(child, child_rank, std::move(world), options_);
+    return groups_.add(std::make_shared<NcclCommunicator>(child, child_rank, std::move(world), options_));
   }
 
   const ncclComm_t comm_;
@@ -423,6 +425,7 @@ class NcclCommunicator : public Communicator,
   std::unique_ptr<detail::CudaEvent> ready_;  // the producer's point, re-recorded per op
   std::mutex mutex_;                          // seq numbers, broken state, barrier buffer
   std::timed_mutex issue_mutex_;              // one thread issues to NCCL at a time
+  detail::SubGroups groups_;                  // aborted with this one
   std::mutex nccl_mutex_;                     // aborted_ and NCCL calls from the watchdog
   uint64_t next_seq_ = 0;
   uint64_t next_p2p_seq_ = 0;
@@ -473,7 +476,7 @@ extern "C" void tandem_cuda_connect_nccl(const c10::intrusive_ptr<c10d::Store>& 
     const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
     store->set(key, std::vector<uint8_t>(bytes, bytes + sizeof id));
   } else {
-    const auto wait = options.connect_timeout.count() > 0 ? options.connect_timeout : options.timeout;
+    const auto wait = options.rendezvous_timeout();
     try {
       store->wait({key}, wait);
     } catch (const std::exception& e) {

@@ -146,6 +146,30 @@ TEST(CollectiveErrors, DeadPeerRaisesCommErrorLongBeforeTheTimeout) {
       options);
 }
 
+// A sub-group connects the same peers: a rank that aborts its communicator aborts its sub-groups
+// too, so a peer blocked in one fails at once rather than at the timeout (step-level fault
+// tolerance aborts the world; a sharded wrapper's gathers and reduces run on sub-groups).
+TEST(CollectiveErrors, AbortingACommunicatorAbortsItsSubGroups) {
+  GlooOptions options;
+  options.timeout = std::chrono::seconds(60);
+  run_ranks(
+      2,
+      [&](Communicator& comm) {
+        auto group = comm.split(0, comm.rank());
+        auto t = at::ones({1 << 10});
+        group->allreduce(t)->wait();
+        if (comm.rank() == 1) {
+          comm.abort("simulated failure elsewhere");
+          EXPECT_THROW(group->barrier(), CommError);  // its own sub-group is broken too
+          return;
+        }
+        const auto start = Clock::now();
+        EXPECT_NE(comm_error_of([&] { group->allreduce(t)->wait(); }), "(no error)");
+        EXPECT_LT(seconds_since(start), 20.0);
+      },
+      options);
+}
+
 TEST(CollectiveErrors, MissingPeerAtRendezvousNamesTheRank) {
   auto store = c10::make_intrusive<c10d::HashStore>();
   GlooOptions options;

@@ -117,7 +117,9 @@ class Communicator {
   // negative color opts out (returns nullptr).
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 
-  // Marks the communicator broken and unblocks in-flight ops (they fail with CommError).
+  // Marks the communicator broken and unblocks in-flight ops (they fail with CommError); the same
+  // for every sub-group made from it (new_group/split) that is still alive, since they connect the
+  // same peers.
   virtual void abort(const std::string& reason) = 0;
 };
 

@@ -57,6 +57,9 @@ struct NcclOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // Bound on waiting for rank 0's unique id when positive (else `timeout`); see GlooOptions.
   std::chrono::milliseconds connect_timeout{0};
+  std::chrono::milliseconds rendezvous_timeout() const {
+    return connect_timeout.count() > 0 ? connect_timeout : timeout;
+  }
   int device = 0;                  // CUDA device index (usually LOCAL_RANK)
   std::string store_prefix = "tandem";
 };
