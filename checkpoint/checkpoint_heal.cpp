@@ -1,7 +1,7 @@
 // CheckpointManager::heal (include/tandem/checkpoint/checkpoint_manager.h): the registered state
 // of a live peer, streamed over the manager's communicator in the shard file's format instead of
 // read from a checkpoint. Per state: the header's length and bytes, then each tensor's bytes and
-// its XXH3-64, all point to point from the source to one receiver after the other.
+// its XXH3-64, all point to point from each source to its receivers, one after the other.
 #include "checkpoint/checkpoint_manager_impl.h"
 
 #include <tandem/base/errors.h>
@@ -42,31 +42,45 @@ uint64_t recv_u64(Communicator& comm, int src) {
 }  // namespace
 
 void CheckpointManager::heal(int source, const std::vector<int>& receivers) {
+  heal(std::vector<int>(receivers.size(), source), receivers);
+}
+
+void CheckpointManager::heal(const std::vector<int>& sources, const std::vector<int>& receivers) {
   Impl& m = *impl_;
-  auto bad_rank = [&](int r) { return r < 0 || r >= m.world || r == source; };
-  if (source < 0 || source >= m.world || std::any_of(receivers.begin(), receivers.end(), bad_rank)) {
-    throw CheckpointError(heal_error("source " + std::to_string(source) + " and receivers must be "
-                                     "distinct ranks of the manager's " + std::to_string(m.world) +
-                                     "-rank communicator."));
+  auto bad_rank = [&](int r) { return r < 0 || r >= m.world; };
+  auto receives = [&](int r) { return std::find(receivers.begin(), receivers.end(), r) != receivers.end(); };
+  bool bad = sources.size() != receivers.size() ||
+             std::any_of(receivers.begin(), receivers.end(), bad_rank) ||
+             std::any_of(sources.begin(), sources.end(), [&](int s) { return bad_rank(s) || receives(s); });
+  for (int r : receivers) bad = bad || std::count(receivers.begin(), receivers.end(), r) > 1;
+  if (bad) {
+    throw CheckpointError(heal_error("one source per receiver, every one a rank of the manager's " +
+                                     std::to_string(m.world) + "-rank communicator, no receiver "
+                                     "twice and no source among the receivers (" +
+                                     std::to_string(sources.size()) + " sources, " +
+                                     std::to_string(receivers.size()) + " receivers)."));
   }
-  const bool sending = m.rank == source;
-  const bool receiving = std::find(receivers.begin(), receivers.end(), m.rank) != receivers.end();
-  if ((!sending && !receiving) || receivers.empty()) return;
+  // This rank sends to `targets`, or receives from `source`, or takes no part.
+  std::vector<int> targets;
+  int source = -1;
+  for (std::size_t i = 0; i < receivers.size(); ++i) {
+    if (sources[i] == m.rank) targets.push_back(receivers[i]);
+    if (receivers[i] == m.rank) source = sources[i];
+  }
+  const bool sending = !targets.empty();
+  if (!sending && source < 0) return;
   m.wait_idle();
   m.rethrow_error();
   Communicator& comm = *m.comm;
   for (const detail::Entry& e : m.all_entries()) {
-    if (e.sharding == Sharding::kSliced) {
-      throw CheckpointError(heal_error(
-          "state '" + e.name + "' is sliced across ranks (sharded data parallel): no single peer "
-          "holds it. Only replicated state heals from a peer; a sharded run restarts from its "
-          "checkpoint."));
-    }
     const std::string prefix = e.name + "/";
     if (sending) {
-      StateDict d = e.state->state_dict();
+      // A sliced state sends every piece this rank holds, also those its checkpoint leaves out.
+      StateDict d = e.sharding == Sharding::kSliced
+                        ? static_cast<SlicedCheckpointable&>(*e.state).own_state()
+                        : e.state->state_dict();
       ShardHeader header;
-      header.rank = source;
+      header.rank = m.rank;
       header.world_size = m.world;
       for (const auto& [key, t] : d.tensors) {
         TensorRecord r;
@@ -79,7 +93,7 @@ void CheckpointManager::heal(int source, const std::vector<int>& receivers) {
       const std::string bytes = encode_shard_header(&header, /*assign_offsets=*/true);
       at::Tensor wire = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
       std::memcpy(wire.data_ptr(), bytes.data(), bytes.size());
-      for (int dst : receivers) {
+      for (int dst : targets) {
         send_u64(comm, bytes.size(), dst);
         comm.send(wire, dst, kHealTag)->wait();
       }
@@ -88,7 +102,7 @@ void CheckpointManager::heal(int source, const std::vector<int>& receivers) {
         const at::Tensor host = t.detach().to(at::kCPU).contiguous();
         if (host.nbytes() == 0) continue;
         const uint64_t hash = xxh3_64(host.data_ptr(), host.nbytes());
-        for (int dst : receivers) {
+        for (int dst : targets) {
           comm.send(bytes_of(host), dst, kHealTag)->wait();
           send_u64(comm, hash, dst);
         }
@@ -131,8 +145,12 @@ void CheckpointManager::heal(int source, const std::vector<int>& receivers) {
       if (key.rfind(prefix, 0) == 0) d.values[key.substr(prefix.size())] = v;
     }
     if (const std::string why = e.state->check(d); !why.empty()) {
-      throw CheckpointError(heal_error("state '" + e.name + "' from rank " +
-                                       std::to_string(source) + " does not fit here: " + why));
+      throw CheckpointError(heal_error(
+          "state '" + e.name + "' from rank " + std::to_string(source) + " does not fit here: " + why +
+          (e.sharding == Sharding::kSliced ? ". A sliced state heals only from the rank at the same "
+                                             "position in another replica group (hybrid sharding: "
+                                             "FaultTolerantWorld::heal_sources)."
+                                           : ".")));
     }
     e.state->load(d);
   }

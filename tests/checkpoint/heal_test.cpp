@@ -1,6 +1,7 @@
 // CheckpointManager::heal with ranks as threads: a fresh rank takes a live peer's model, optimizer
 // state and values over the communicator, bit for bit, and the next step is bitwise the peer's;
-// ranks that are not part of it return at once; bad ranks and sliced state are refused.
+// ranks that are not part of it return at once; bad ranks are refused. (Sliced state heals from
+// its replica: tests/sharded/sharded_heal_test.cpp.)
 #include "tests/checkpoint/checkpoint_test_util.h"
 #include "tests/support/test_support.h"
 
@@ -66,28 +67,16 @@ TEST(CheckpointHeal, AFreshRankTakesTheSourcesStateAndTheNextStepIsBitwise) {
   expect_bitwise(next[0], next[1], "the rank that took no part");
 }
 
-struct SlicedState : SlicedCheckpointable {
-  std::string kind() const override { return "test-sliced"; }
-  StateDict state_dict() override { return {}; }
-  std::string check(const StateDict&) override { return ""; }
-  void load(const StateDict&) override {}
-  bool wants(const std::string&) override { return true; }
-};
-
-TEST(CheckpointHeal, BadRanksAndSlicedStateAreRefused) {
+TEST(CheckpointHeal, BadRanksAreRefusedOnEveryRank) {
   TempDir dir("heal_refused");
-  run_ranks(2, [&](Communicator& comm) {
+  run_ranks(3, [&](Communicator& comm) {
     CheckpointManager m(options(dir.path, false, 0, shared_comm(comm)));
-    m.add("zero", std::make_shared<SlicedState>(), Sharding::kSliced);
-    EXPECT_THROW(m.heal(0, {0}), CheckpointError);
-    EXPECT_THROW(m.heal(2, {1}), CheckpointError);
-    try {
-      m.heal(0, {1});
-      FAIL() << "no error";
-    } catch (const CheckpointError& e) {
-      EXPECT_NE(std::string(e.what()).find("state 'zero' is sliced across ranks"), std::string::npos)
-          << e.what();
-    }
+    m.set_value("epoch", int64_t{1});
+    EXPECT_THROW(m.heal(0, {0}), CheckpointError);            // the source is a receiver
+    EXPECT_THROW(m.heal(3, {1}), CheckpointError);            // no such rank
+    EXPECT_THROW(m.heal(0, {1, 1}), CheckpointError);         // a receiver twice
+    EXPECT_THROW(m.heal({0, 1}, {2}), CheckpointError);       // one source per receiver
+    EXPECT_THROW(m.heal({0, 2}, {1, 2}), CheckpointError);    // a source that receives
   });
 }
 

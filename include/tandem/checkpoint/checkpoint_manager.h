@@ -185,14 +185,19 @@ class CheckpointManager {
   void wait_staged();
 
   // ---- healing (step-level fault tolerance, docs/fault_tolerance.md) ----
-  // Copies the registered state of rank `source` into each of `receivers` over the manager's
+  // Copies the registered state of rank `sources[i]` into rank `receivers[i]` over the manager's
   // communicator, as resume() would restore it from a checkpoint, but from a live peer: the
   // states' header in the shard file's format, then one tensor at a time (memory beyond the state:
-  // one copy of its largest tensor), each checked by its XXH3-64 on arrival. Called by the source
-  // and every receiver with the same arguments (other ranks return at once); waits for an
-  // in-flight save first. Replicated and per-rank (kSharded) states come from the source; kSliced
-  // state has no copy on one peer and is refused. Errors: CheckpointError for bad ranks, kSliced
-  // state, a state that does not fit (its check()) or a checksum mismatch; CommError from the wire.
+  // one copy of its largest tensor), each checked by its XXH3-64 on arrival. Called by every
+  // source and receiver with the same arguments (other ranks return at once); waits for an
+  // in-flight save first. Replicated and per-rank (kSharded) states come from the source; a kSliced
+  // state (ShardedDataParallel) heals only from a source that holds the same slices: the rank at
+  // the same position in another replica group (FaultTolerantWorld::heal_sources). Errors:
+  // CheckpointError for bad ranks (a source that is a receiver, a receiver listed twice), a state
+  // that does not fit (its check(): other slices, another model) or a checksum mismatch; CommError
+  // from the wire.
+  void heal(const std::vector<int>& sources, const std::vector<int>& receivers);
+  // heal() with one source for every receiver.
   void heal(int source, const std::vector<int>& receivers);
 
   // Committed steps on disk, newest first (no verification).

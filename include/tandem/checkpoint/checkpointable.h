@@ -63,6 +63,10 @@ class Checkpointable {
 class SlicedCheckpointable : public Checkpointable {
  public:
   virtual bool wants(const std::string& key) = 0;
+  // Every piece this rank holds and every value check() needs, for a peer at the same position
+  // (CheckpointManager::heal). state_dict() may leave out what another rank writes to the
+  // checkpoint (a replica group's duplicate pieces, values only rank 0 records).
+  virtual StateDict own_state() { return state_dict(); }
 };
 
 // Conversions between torch and checkpoint dtypes (CheckpointError for unsupported types).
