@@ -107,17 +107,8 @@ class ParameterSlices final : public SlicedCheckpointable {
   explicit ParameterSlices(ShardedDataParallelCore& core) : core_(core) {}
   std::string kind() const override { return "sharded-parameters"; }
 
-  StateDict state_dict() override {
-    refresh();
-    StateDict d;
-    for (const auto& s : core_.parameter_slices()) {
-      if (writes_pieces() && s.end > s.begin) {
-        d.tensors.emplace_back(slice_key(s.name, s.begin, s.end), s.data);
-      }
-      if (core_.internal_state().world->rank() == 0) d.values["shape:" + s.name] = shape_text(s.shape);
-    }
-    return d;
-  }
+  StateDict state_dict() override { return pieces(false); }
+  StateDict own_state() override { return pieces(true); }
   bool wants(const std::string& key) override {
     refresh();
     return set_.wants(key);
@@ -158,10 +149,19 @@ class ParameterSlices final : public SlicedCheckpointable {
   }
 
  private:
-  // Hybrid sharding: the groups hold identical slices; the first group writes them.
-  bool writes_pieces() const {
+  // For a checkpoint, hybrid sharding's first group writes the pieces (the groups hold identical
+  // ones) and rank 0 the shapes; `own`: everything this rank holds, as a peer needs it.
+  StateDict pieces(bool own) {
+    refresh();
     const auto& rep = core_.internal_state().replicate_comm;
-    return !rep || rep->rank() == 0;
+    const bool writes = own || !rep || rep->rank() == 0;
+    const bool shapes = own || core_.internal_state().world->rank() == 0;
+    StateDict d;
+    for (const auto& s : core_.parameter_slices()) {
+      if (writes && s.end > s.begin) d.tensors.emplace_back(slice_key(s.name, s.begin, s.end), s.data);
+      if (shapes) d.values["shape:" + s.name] = shape_text(s.shape);
+    }
+    return d;
   }
   void refresh() {
     set_ = SliceSet();
@@ -187,29 +187,8 @@ class OptimizerSlices final : public SlicedCheckpointable {
   std::string kind() const override { return "sharded-" + inner_->kind(); }
   bool changes_only_in_optimizer_step() const override { return true; }
 
-  StateDict state_dict() override {
-    const StateDict inner = inner_->state_dict();
-    StateDict d;
-    const auto units = unit_of_index();
-    static const std::regex per_shard(R"(g(\d+)\.p(\d+)\.(.+))");
-    std::smatch m;
-    for (const auto& [key, v] : inner.values) {
-      if (!std::regex_match(key, m, per_shard)) {
-        d.values[key] = v;
-        continue;
-      }
-      for (const auto& p : units.at(key_of(m)).param_names) d.values[m[3].str() + ":" + p] = v;
-    }
-    const auto& rep = core_.internal_state().replicate_comm;
-    const bool writes = !rep || rep->rank() == 0;
-    for (const auto& [key, t] : inner.tensors) {
-      if (!writes || !std::regex_match(key, m, per_shard)) continue;
-      for (const auto& s : core_.unit_slices(units.at(key_of(m)).index, t)) {
-        if (s.end > s.begin) d.tensors.emplace_back(slice_key(m[3].str() + ":" + s.name, s.begin, s.end), s.data);
-      }
-    }
-    return d;
-  }
+  StateDict state_dict() override { return pieces(false); }
+  StateDict own_state() override { return pieces(true); }
 
   bool wants(const std::string& key) override {
     std::string global;
@@ -233,6 +212,31 @@ class OptimizerSlices final : public SlicedCheckpointable {
   }
 
  private:
+  // `own`: every piece this rank holds; otherwise hybrid sharding's first group writes them.
+  StateDict pieces(bool own) {
+    const StateDict inner = inner_->state_dict();
+    StateDict d;
+    const auto units = unit_of_index();
+    static const std::regex per_shard(R"(g(\d+)\.p(\d+)\.(.+))");
+    std::smatch m;
+    for (const auto& [key, v] : inner.values) {
+      if (!std::regex_match(key, m, per_shard)) {
+        d.values[key] = v;
+        continue;
+      }
+      for (const auto& p : units.at(key_of(m)).param_names) d.values[m[3].str() + ":" + p] = v;
+    }
+    const auto& rep = core_.internal_state().replicate_comm;
+    const bool writes = own || !rep || rep->rank() == 0;
+    for (const auto& [key, t] : inner.tensors) {
+      if (!writes || !std::regex_match(key, m, per_shard)) continue;
+      for (const auto& s : core_.unit_slices(units.at(key_of(m)).index, t)) {
+        if (s.end > s.begin) d.tensors.emplace_back(slice_key(m[3].str() + ":" + s.name, s.begin, s.end), s.data);
+      }
+    }
+    return d;
+  }
+
   struct UnitInfo {
     size_t index = 0;                      // position in parameters()
     std::vector<std::string> param_names;  // the unit's parameters

@@ -6,6 +6,7 @@
 #include <tandem/base/trace.h>
 #include <tandem/memory/cpu_allocator.h>
 #include <tandem/runtime/grad_norm.h>
+#include <tandem/runtime/step_scope.h>
 
 #include "runtime/rank_agreement.h"
 #include "runtime/sharded/sharded_state.h"
@@ -51,7 +52,8 @@ at::ScalarType wire_dtype_of(const ShardingOptions& s, const DistributedDataPara
 ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
                                                  std::shared_ptr<Communicator> comm,
                                                  ShardingOptions sharding,
-                                                 DistributedDataParallelOptions ddp)
+                                                 DistributedDataParallelOptions ddp,
+                                                 ShardedStart start)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   if (!module) throw ConfigError("tandem: ShardedDataParallel: module is null.");
@@ -86,14 +88,9 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
   // Mixed precision without a cast on the wire: gradients travel in the dtype they are reduced in.
   if (s.mixed.enabled() && s.wire_dtype == at::kFloat) s.wire_dtype = s.mixed.reduce_dtype();
   s.module = std::move(module);
-  s.world = std::move(comm);
   s.options = std::move(sharding);
   s.ddp = std::move(ddp);
-  // Gathers and reduce-scatters on communicators of their own (see sharded_state.h).
-  const int rank = s.world->rank();
-  s.shard_comm = s.world->split(rank / group, rank);
-  s.reduce_comm = s.world->split(rank / group, rank);
-  if (group < world) s.replicate_comm = s.world->split(rank % group, rank);
+  s.connect(std::move(comm), group);
 
   s.build_units();
   check_parameter_devices(s.params, s.names, s.ddp, "ShardedDataParallel");
@@ -103,7 +100,7 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
     torch::autograd::AutoGradMode no_grad(false);
     for (auto& u : s.units) {
       if (u.numel == 0) continue;
-      s.world->broadcast(u.flat, 0)->wait();
+      if (start == ShardedStart::kBroadcast) s.world->broadcast(u.flat, 0)->wait();
       const int64_t begin = static_cast<int64_t>(s.shard_rank()) * u.shard_numel;
       if (s.mixed.enabled()) s.lower_precision(u);  // the shard takes the fp32 values first
       if (s.shards.parameters) {
@@ -114,12 +111,15 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
         u.materialized = false;
       }
       u.gathered_version = u.shard._version();
+      u.stale = start == ShardedStart::kLoadedAfter;  // gathered once loaded, as reconnect() does
     }
     for (auto& t : s.frozen) {
-      s.world->broadcast(t, 0)->wait();
+      if (start == ShardedStart::kBroadcast) s.world->broadcast(t, 0)->wait();
       if (s.mixed.enabled() && t.is_floating_point()) t.set_data(t.detach().to(s.mixed.param_dtype));
     }
-    for (auto& t : s.buffers) s.world->broadcast(t, 0)->wait();
+    if (start == ShardedStart::kBroadcast) {
+      for (auto& t : s.buffers) s.world->broadcast(t, 0)->wait();
+    }
   }
   s.accumulators = detail::GradAccumulators(s.params, state_);
   for (auto& p : s.params) s.param_versions.push_back(p._version());
@@ -137,6 +137,8 @@ void ShardedDataParallelCore::pre_forward() {
   // First, so a joined rank's shadow step (tandem/runtime/join.h) issues what follows in order.
   if (s.join_active && torch::autograd::GradMode::is_enabled()) detail::notify_join(*s.world, s.sync);
   std::lock_guard<std::mutex> lock(s.mutex);
+  // Inside a fault-tolerant step: an abort drops what the step did (drop_step()).
+  if (auto* scope = detail::StepScope::current()) scope->join(&s);
   if (s.mode == State::Mode::kSynchronizing && s.callback_queued) {
     s.mode = State::Mode::kIdle;
     throw Error("tandem: ShardedDataParallel: forward called while the previous backward had not "

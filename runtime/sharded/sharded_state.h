@@ -17,6 +17,7 @@
 
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/runtime/sharded_data_parallel.h>
+#include <tandem/runtime/step_scope.h>
 
 #include "runtime/data_parallel/grad_ready.h"
 #include "runtime/sharded/flat_unit.h"
@@ -35,6 +36,7 @@ namespace tandem {
 
 struct ShardedDataParallelCore::State : detail::UnitHooks,
                                         detail::GradReadyListener,
+                                        detail::StepParticipant,
                                         std::enable_shared_from_this<ShardedDataParallelCore::State> {
   enum class Mode { kIdle, kAccumulating, kSynchronizing, kFinalized, kUnfinished };
 
@@ -83,6 +85,13 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   double overlap_seconds = 0;
   double gather_wait_seconds = 0;  // this step's time blocked in wait_gathered
   double reduce_wait_seconds = 0;  // the last backward's time blocked on reduce-scatters
+
+  // runtime/sharded/sharded_recovery.cpp
+  // Makes `comm` the world, with the shard-group communicators for groups of `group` ranks.
+  void connect(std::shared_ptr<Communicator> comm, int group);
+  // An aborted fault-tolerant step (step_scope.h): waits out its failed collectives and forgets
+  // its gradients, so the next forward starts as after a dropped backward.
+  void drop_step() override;
 
   // runtime/sharded/sharded_layout.cpp
   void build_units();

@@ -43,7 +43,9 @@
 //
 // Construction is collective: every rank must pass the same model (parameter names, shapes,
 // dtypes, order) and the same units; otherwise every rank throws ConfigError naming the first
-// difference. Rank 0's parameters and buffers are broadcast first.
+// difference. Rank 0's parameters and buffers are broadcast first (unless ShardedStart::
+// kLoadedAfter). Under step-level fault tolerance, reconnect() carries the wrapper onto a new
+// epoch's communicator (hybrid sharding heals a replacement from its replica; fault_tolerance.md).
 // Ownership: shares the module and the communicator; owns the flat buffers and the shards (the
 // module's parameters become views of the flat buffers). Thread-safety: one training thread;
 // autograd hooks may run on autograd threads.
@@ -102,6 +104,14 @@ struct ShardingPolicy {
 };
 
 class ShardedDataParallelCore;
+
+// Where a new ShardedDataParallel's values come from.
+enum class ShardedStart {
+  kBroadcast,    // rank 0's parameters and buffers, broadcast by the constructor
+  kLoadedAfter,  // the caller loads them before the first forward (CheckpointManager::heal() or
+                 // resume()); the constructor broadcasts nothing, so a replacement's constructor
+                 // runs the collectives of the survivors' reconnect() (fault_tolerance.h)
+};
 
 namespace detail {
 
@@ -208,7 +218,8 @@ class ShardedDataParallelCore : public detail::Joinable {
  public:
   ShardedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
                           std::shared_ptr<Communicator> comm, ShardingOptions sharding,
-                          DistributedDataParallelOptions ddp);
+                          DistributedDataParallelOptions ddp,
+                          ShardedStart start = ShardedStart::kBroadcast);
   ~ShardedDataParallelCore() override;
   ShardedDataParallelCore(const ShardedDataParallelCore&) = delete;
   ShardedDataParallelCore& operator=(const ShardedDataParallelCore&) = delete;
@@ -232,6 +243,16 @@ class ShardedDataParallelCore : public detail::Joinable {
 
   // While the guard lives, forwards and backwards only accumulate gradients locally.
   NoSyncGuard no_sync();
+
+  // Step-level fault tolerance (tandem/runtime/fault_tolerance.h): moves onto `world`, the
+  // communicator of a new epoch, keeping this rank's shards (so the optimizer over parameters()
+  // and its state stay valid). Collective over `world`: every member calls reconnect(), except a
+  // replacement, which builds its wrapper with ShardedStart::kLoadedAfter and is healed next. The
+  // shard layout must survive: the shard-group size divides `world`'s size and this rank keeps its
+  // position in its group (FaultTolerantWorld::heal_sources checks the whole world); ConfigError
+  // otherwise. Call between steps. An aborted fault-tolerant step's gradients and in-flight
+  // collectives were dropped when it aborted (the wrapper joins the step's scope, step_scope.h).
+  void reconnect(std::shared_ptr<Communicator> world);
 
   // Writes the whole model - every parameter and buffer under its name - as one safetensors file
   // at `path` for inference (tandem/checkpoint/safetensors.h reads it back). Streams: one unit's
@@ -314,13 +335,16 @@ template <class Module>
 class ShardedDataParallel {
  public:
   ShardedDataParallel(std::shared_ptr<Module> module, std::shared_ptr<Communicator> comm,
-                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {})
+                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
+                      ShardedStart start = ShardedStart::kBroadcast)
       : module_(std::move(module)),
         core_(std::make_unique<ShardedDataParallelCore>(module_, std::move(comm),
-                                                        std::move(sharding), std::move(ddp))) {}
+                                                        std::move(sharding), std::move(ddp), start)) {}
   ShardedDataParallel(torch::nn::ModuleHolder<Module> holder, std::shared_ptr<Communicator> comm,
-                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {})
-      : ShardedDataParallel(holder.ptr(), std::move(comm), std::move(sharding), std::move(ddp)) {}
+                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
+                      ShardedStart start = ShardedStart::kBroadcast)
+      : ShardedDataParallel(holder.ptr(), std::move(comm), std::move(sharding), std::move(ddp),
+                            start) {}
 
   template <class... Args>
   auto forward(Args&&... args) {
@@ -345,6 +369,7 @@ class ShardedDataParallel {
     core_->register_optimizer(ckpt, name, optimizer);
   }
   NoSyncGuard no_sync() { return core_->no_sync(); }
+  void reconnect(std::shared_ptr<Communicator> world) { core_->reconnect(std::move(world)); }
 
   const std::shared_ptr<Module>& module() const { return module_; }
   ShardedDataParallelCore& core() { return *core_; }
@@ -356,9 +381,11 @@ class ShardedDataParallel {
 
 template <class Module>
 ShardedDataParallel(std::shared_ptr<Module>, std::shared_ptr<Communicator>, ShardingOptions,
-                    DistributedDataParallelOptions = {}) -> ShardedDataParallel<Module>;
+                    DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
+    -> ShardedDataParallel<Module>;
 template <class Module>
 ShardedDataParallel(torch::nn::ModuleHolder<Module>, std::shared_ptr<Communicator>, ShardingOptions,
-                    DistributedDataParallelOptions = {}) -> ShardedDataParallel<Module>;
+                    DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
+    -> ShardedDataParallel<Module>;
 
 }  // namespace tandem
