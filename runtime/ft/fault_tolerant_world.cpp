@@ -164,8 +164,53 @@ FaultTolerantWorld::~FaultTolerantWorld() {
 }
 
 void FaultTolerantWorld::fail_group(const std::string& why) {
-  store_->set(group_failed_, why);  // tandemrun restarts the group instead of replacing ranks
+  failed_ = true;
+  if (active_) store_->set(group_failed_, why);  // tandemrun restarts the group, replacing nobody
   throw CommError(why);
+}
+
+std::string FaultTolerantWorld::members_text() const {
+  std::string s;
+  for (std::size_t i = 0; i < members_.size(); ++i) s += (s.empty() ? "" : ",") + id(i);
+  return s;
+}
+
+std::vector<int> FaultTolerantWorld::heal_sources(int group_size) {
+  const int n = world_size();
+  if (group_size < 1) {
+    throw ConfigError("tandem: FaultTolerantWorld::heal_sources: group size " +
+                      std::to_string(group_size) + " must be at least 1.");
+  }
+  const std::string layout = "sharded state (shard groups of " + std::to_string(group_size) +
+                             " ranks, sharding.group_size) ";
+  const std::string restart = "; the group fails and the launcher restarts it from its "
+                              "checkpoint. Under tandemrun --ft-replace with --set "
+                              "ft.replacement_wait_s=<seconds>, a replacement takes a lost rank's "
+                              "place and heals from its replica instead.";
+  // Every shard keeps its position: the world lost whole groups at most, or was made whole again.
+  bool kept = n % group_size == 0;
+  for (int i = 0; kept && i < n; ++i) kept = members_[i] % group_size == i % group_size;
+  if (!kept) {
+    fail_group("tandem: " + layout + "cannot go on with the " + std::to_string(n) + " members " +
+               members_text() + " of epoch " + std::to_string(epoch_) +
+               ": a lost rank's shard has no member in its place" + restart);
+  }
+  std::vector<int> sources;
+  for (int r : receivers_) {
+    int source = -1;
+    for (int i = 0; i < n && source < 0; ++i) {
+      const bool receives = std::find(receivers_.begin(), receivers_.end(), i) != receivers_.end();
+      if (!receives && i % group_size == r % group_size) source = i;
+    }
+    if (source < 0) {
+      fail_group("tandem: " + layout + "has no live replica of shard " +
+                 std::to_string(r % group_size) + " to heal rank " + std::to_string(r) +
+                 " from (members " + members_text() + " of epoch " + std::to_string(epoch_) +
+                 "; without hybrid sharding no other rank holds a shard)" + restart);
+    }
+    sources.push_back(source);
+  }
+  return sources;
 }
 
 int FaultTolerantWorld::rank() const {
@@ -230,7 +275,7 @@ bool FaultTolerantWorld::begin_step(int64_t& step, const std::function<void()>& 
       rebuild();  // heals heal_receivers(): a member may die meanwhile
       rebuilt = true;
     } catch (const CommError& e) {
-      if (!active_) throw;
+      if (!active_ || failed_) throw;  // the group failed (fail_group()): it restarts
       const std::string base = prefix_ + "/e" + std::to_string(epoch_) + "/s" + std::to_string(step);
       store_->compareSet(base + "/decision", "", kAbort);  // nobody may commit this step now
       ++aborted_;

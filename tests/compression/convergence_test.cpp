@@ -74,10 +74,10 @@ struct Result {
 // DistributedDataParallel::state(), i.e. bucket plan and codec state, per rank), every object is
 // made anew (model, optimizer, codec, DistributedDataParallel, manager), and resume() restores them
 // before training goes on.
-// With `abort_at` > 0 every step runs in a StepScope, as under FaultTolerantWorld::step(), and
-// step `abort_at` is trained once and then aborted: the scope drops it (unless `drop` is false),
-// the optimizer does not step, and the step is redone by a new codec and wrapper built from the
-// old wrapper's state(), as FaultTolerantWorld's rebuild does.
+// With `abort.at` > 0 every step runs in a StepScope, as under FaultTolerantWorld::step(), and
+// step `abort.at` is trained once and then aborted: the scope drops it (unless `abort.drop` is
+// false), the optimizer does not step, and the step is redone by a new codec and wrapper built
+// from the old wrapper's state(), as FaultTolerantWorld's rebuild does.
 struct Abort {
   int at = 0;
   bool drop = true;

@@ -24,14 +24,22 @@ struct Replaced {
   int replacements = 1;          // processes tandemrun starts for dead ranks
   int failures = 1;              // processes that die (each may cost the step it died in)
   int healed_receivers = 1;      // in the last heal
+  std::vector<std::string> settings{};  // --set key=value (sharding)
 };
+
+std::vector<std::string> with_settings(std::vector<std::string> args, const std::vector<std::string>& settings) {
+  for (const std::string& s : settings) args.insert(args.end(), {"--set", s});
+  return args;
+}
 
 RunResult run_replaced(const Replaced& t, const std::string& out) {
   std::vector<std::string> env{"FT_KILL_RANKS=" + std::to_string(t.killed),
                                "FT_KILL_STEP=" + std::to_string(t.step), "FT_KILL_AT=" + t.at};
   env.insert(env.end(), t.env.begin(), t.env.end());
   return run_worker(t.nproc, {"--ft-replace", "--max-restarts", "3"},
-                    {"--out", out, "--set", "ft.enabled=true", "--set", "ft.replacement_wait_s=30"},
+                    with_settings({"--out", out, "--set", "ft.enabled=true", "--set",
+                                   "ft.replacement_wait_s=30"},
+                                  t.settings),
                     env);
 }
 
@@ -71,7 +79,7 @@ void expect_replaced(const Replaced& t) {
       << r.out;
   // Nobody opened a checkpoint: the heal-only manager's directory was never even created.
   EXPECT_FALSE(std::filesystem::exists(out + ".heal-only"));
-  EXPECT_EQ(read_file(out), reference(t.nproc, 0, 0))
+  EXPECT_EQ(read_file(out), reference(t.nproc, 0, 0, kSteps, t.settings))
       << "the parameters differ from those of an uninterrupted run\n"
       << r.out;
 }
@@ -133,6 +141,78 @@ TEST(StepFaultToleranceReplace, LateReplacementIsAdmittedAtAStepStart) {
   EXPECT_GT(std::stoi(healed[1]), 1) << r.out;  // after steps at the smaller size
   EXPECT_EQ(s.since, std::set<int>{std::stoi(healed[1])}) << r.out;
 }
+
+// Hybrid sharding (sharding.group_size=2 of 4 ranks): the replacement heals its shards, of the
+// parameters and of the momentum, from the rank at the same position in the other replica group;
+// the survivors carry theirs onto the new world. The run ends bitwise equal to an uninterrupted
+// one at each stage, whatever the step was doing when the rank died.
+struct HybridCase {
+  int stage;
+  int killed;
+  int step;
+  const char* at;
+};
+
+class StepFaultToleranceHybrid : public ::testing::TestWithParam<HybridCase> {};
+
+TEST_P(StepFaultToleranceHybrid, AReplacementHealsItsShardsFromTheOtherReplicaGroup) {
+  const HybridCase& c = GetParam();
+  Replaced t{4, c.killed, c.step, c.at, {}};
+  t.settings = {"sharding.stage=" + std::to_string(c.stage), "sharding.group_size=2"};
+  expect_replaced(t);
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, StepFaultToleranceHybrid,
+                         ::testing::Values(HybridCase{1, 3, 1, "forward"}, HybridCase{2, 1, 2, "backward"},
+                                           HybridCase{3, 2, 3, "vote"}, HybridCase{3, 0, 2, "backward"}),
+                         [](const auto& info) {
+                           return "Stage" + std::to_string(info.param.stage) + "Rank" +
+                                  std::to_string(info.param.killed) + "At" + info.param.at;
+                         });
+
+// Sharded state that no live rank holds a replica of falls back to the restart from the
+// checkpoint, saying why: hybrid sharding whose lost rank nobody replaces (the survivors' shards
+// no longer line up), and sharding over every rank, where a replacement has no replica to heal
+// from. The restarted run resumes from its checkpoint and ends as an uninterrupted one.
+struct RestartCase {
+  const char* name;
+  std::vector<std::string> launcher;
+  std::vector<std::string> settings;
+  const char* why;
+};
+
+class StepFaultToleranceShardedRestart : public ::testing::TestWithParam<RestartCase> {};
+
+TEST_P(StepFaultToleranceShardedRestart, ShardsWithoutAReplicaRestartFromTheCheckpoint) {
+  const RestartCase& c = GetParam();
+  TempDir dir("ft_sharded_restart");
+  const std::string out = dir.path + "/params.bin";
+  std::vector<std::string> launcher = c.launcher;
+  launcher.insert(launcher.end(), {"--max-restarts", "2"});  // a replacement uses one
+  const RunResult r = run_worker(
+      4, launcher,
+      with_settings({"--out", out, "--ckpt", dir.path + "/ckpt", "--every", "2", "--set", "ft.enabled=true"},
+                    c.settings),
+      {"FT_KILL_RANKS=1", "FT_KILL_STEP=3", "FT_KILL_AT=forward"});
+  ASSERT_FALSE(r.timed_out) << r.err << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  EXPECT_NE(r.err.find(std::string("cannot go on without a restart: tandem: sharded state (shard "
+                                   "groups of ") + c.why),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("restarting all workers"), std::string::npos) << r.err;
+  EXPECT_EQ(read_file(out), reference(4, 0, 0, kSteps, c.settings));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, StepFaultToleranceShardedRestart,
+    ::testing::Values(RestartCase{"HybridWithoutReplacement", {"--ft"},
+                                  {"sharding.stage=2", "sharding.group_size=2"},
+                                  "2 ranks, sharding.group_size) cannot go on"},
+                      RestartCase{"FullShardingWithReplacement", {"--ft-replace"},
+                                  {"sharding.stage=3", "ft.replacement_wait_s=30"},
+                                  "4 ranks, sharding.group_size) has no live replica of shard 1"}),
+    [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace
 }  // namespace tandem::launcher_test

@@ -1,5 +1,6 @@
 // The training worker of the step-level fault-tolerance tests (tests/fault/ft_test.cpp), started
-// by `tandemrun --ft` with --set ft.enabled=true. DistributedDataParallel over a tiny MLP, SGD with
+// by `tandemrun --ft` with --set ft.enabled=true. DistributedDataParallel over a tiny MLP, or with
+// --set sharding.stage=1..3 ShardedDataParallel (hybrid with sharding.group_size), SGD with
 // momentum, each step run through tandem::FaultTolerantWorld. The global batch of step s (12
 // samples) depends only on s; a rank trains on its slice of it by its rank and size in the current
 // epoch, so the result depends only on which world trained which step.
@@ -32,6 +33,7 @@
 #include <tandem/runtime/distributed_data_parallel.h>
 #include <tandem/runtime/fault_tolerance.h>
 #include <tandem/runtime/run_main.h>
+#include <tandem/runtime/sharded_data_parallel.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
@@ -50,6 +52,7 @@ namespace {
 
 using Model = torch::nn::SequentialImpl;
 using Ddp = tandem::DistributedDataParallel<Model>;
+using Sdp = tandem::ShardedDataParallel<Model>;
 
 std::string env_or(const char* key, const char* fallback) {
   const char* v = std::getenv(key);
@@ -107,8 +110,15 @@ int train(tandem::Context& ctx) {
   torch::nn::Sequential model(torch::nn::Linear(10, 16), torch::nn::Tanh(), torch::nn::Linear(16, 3));
   tandem::DistributedDataParallelOptions dp_options;
   dp_options.bucket_cap_mb = 0.0005;  // several buckets: some are in flight mid-backward
+  const tandem::ShardingOptions& sharding = ctx.config().sharding;
+  const bool sharded = sharding.stage > 0;
+  // The ranks that hold the same slices of sharded state: one shard group apart.
+  const int shard_group = !sharded ? 1 : sharding.group_size > 0 ? sharding.group_size : ctx.world_size();
   std::unique_ptr<Ddp> ddp;
-  torch::optim::SGD opt(model->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  std::unique_ptr<Sdp> sdp;
+  const auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);
+  std::unique_ptr<torch::optim::SGD> opt;
+  if (!sharded) opt = std::make_unique<torch::optim::SGD>(model->parameters(), sgd);
 
   // The manager agrees over its communicator: after an abort it is built again on the new world.
   // Without --ckpt it only heals (nothing is written to its directory).
@@ -120,31 +130,48 @@ int train(tandem::Context& ctx) {
     o.every_n_steps = every;
     o.communicator = ft.communicator();
     ckpt = std::make_unique<tandem::CheckpointManager>(o);
-    ckpt->add_module("model", *model);
-    ckpt->add_optimizer("optim", opt);
+    if (sharded) {
+      sdp->register_checkpoint(*ckpt, "model");
+      sdp->register_optimizer(*ckpt, "optim", *opt);
+    } else {
+      ckpt->add_module("model", *model);
+      ckpt->add_optimizer("optim", *opt);
+    }
   };
   int64_t step = 0;
   // What agrees over the world, built again on each new one; a replacement is healed first (the
   // wrapper's constructor broadcasts rank 0's parameters, and rank 0 may be the replacement).
+  // Sharded: the survivors carry their shards onto the new world; a replacement builds its wrapper
+  // without the broadcast and heals from the rank holding its slices in another replica group.
   auto rebuild = [&] {
-    ddp.reset();
+    const std::vector<int> sources = ft.heal_sources(shard_group);
+    if (!sharded) {
+      ddp.reset();
+    } else if (sdp) {
+      sdp->reconnect(ft.communicator());
+    } else {
+      sdp = std::make_unique<Sdp>(model.ptr(), ft.communicator(), sharding, dp_options,
+                                  ft.replacement() ? tandem::ShardedStart::kLoadedAfter
+                                                   : tandem::ShardedStart::kBroadcast);
+      opt = std::make_unique<torch::optim::SGD>(sdp->parameters(), sgd);
+    }
     make_ckpt();
     if (!ft.heal_receivers().empty()) {
       const auto& r = ft.heal_receivers();
-      const bool source = ft.rank() == ft.heal_source();
+      const auto sent = std::count(sources.begin(), sources.end(), ft.rank());
       const bool receiver = std::find(r.begin(), r.end(), ft.rank()) != r.end();
       const std::string kill = env_or("FT_HEAL_KILL", "");
-      if ((kill == "source" && source && env_or("TANDEM_REPLACEMENT", "0") == "0" && ft.epoch() == 1) ||
+      if ((kill == "source" && sent > 0 && env_or("TANDEM_REPLACEMENT", "0") == "0" && ft.epoch() == 1) ||
           (kill == "receiver" && receiver && env_or("TANDEM_REPLACEMENT", "0") == "1"))
         kill_self(launch_rank, step, "heal");
-      ckpt->heal(ft.heal_source(), r);
-      if (source) {
-        std::printf("ft healed step %lld receivers %zu epoch %lld\n", static_cast<long long>(step),
-                    r.size(), static_cast<long long>(ft.epoch()));
+      ckpt->heal(sources, r);
+      if (sent > 0) {
+        std::printf("ft healed step %lld receivers %lld epoch %lld\n", static_cast<long long>(step),
+                    static_cast<long long>(sent), static_cast<long long>(ft.epoch()));
         std::fflush(stdout);
       }
     }
-    ddp = std::make_unique<Ddp>(model.ptr(), ft.communicator(), dp_options);
+    if (!sharded) ddp = std::make_unique<Ddp>(model.ptr(), ft.communicator(), dp_options);
   };
   if (!ft.replacement()) {
     rebuild();
@@ -157,7 +184,7 @@ int train(tandem::Context& ctx) {
   int64_t since = step;
   while (step < steps) {
     if (ft.begin_step(step, rebuild)) since = step;
-    opt.zero_grad();
+    opt->zero_grad();
     auto work = [&] {
       maybe_kill(launch_rank, step, "forward");
       auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(1000 + step));
@@ -165,7 +192,7 @@ int train(tandem::Context& ctx) {
       const int64_t per = 12 / ft.world_size(), first = per * ft.rank();
       const int64_t count = ft.rank() + 1 == ft.world_size() ? 12 - first : per;
       const at::Tensor x = x_all.narrow(0, first, count), y = y_all.narrow(0, first, count);
-      torch::mse_loss((*ddp)(x), y).backward();
+      torch::mse_loss(sharded ? (*sdp)(x) : (*ddp)(x), y).backward();
       maybe_kill(launch_rank, step, "vote");
     };
     // Mid-backward: a hook on the first layer's weight gradient runs after the last layer's
@@ -185,7 +212,7 @@ int train(tandem::Context& ctx) {
     }
     maybe_kill(launch_rank, step, "after");
     if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
-    opt.step();
+    opt->step();
     tandem::heartbeat();
     ++step;
     if (step == save_at) {
@@ -195,6 +222,7 @@ int train(tandem::Context& ctx) {
     }
     if (!ckpt_dir.empty()) ckpt->maybe_save(step);
   }
+  if (sharded && save_at < 0) sdp->gather_parameters();  // collective: the full parameters
   if (ft.rank() == 0 && save_at < 0) {
     std::ofstream file(out, std::ios::binary | std::ios::trunc);
     for (const auto& p : model->parameters()) {

@@ -30,6 +30,11 @@
 // (a replacement takes its predecessor's place), and its communicator rendezvouses under a prefix
 // of its own. One key decides each question, so ranks never disagree (no split brain).
 //
+// Sharded state (ShardedDataParallel): survivors reconnect() their wrapper onto the new world and
+// keep their shards; a replacement heals its slices from heal_sources(), the rank at its position
+// in another replica group (hybrid sharding). Without such a replica the group restarts from its
+// checkpoint (docs/fault_tolerance.md, "Sharded state").
+//
 // Active only with ft.enabled, under `tandemrun --ft` (which serves the store and reports deaths:
 // DistEnv::ft_keys) and more than one rank; otherwise begin_step() is false and step() runs the
 // work and commits, and a failure propagates as before (the launcher restarts the group from its
@@ -112,6 +117,14 @@ class FaultTolerantWorld {
   // holds the state).
   const std::vector<int>& heal_receivers() const { return receivers_; }
   int heal_source() const { return source_; }
+  // During `rebuild`, for state sliced over shard groups of `group_size` consecutive ranks
+  // (ShardedDataParallel's hybrid sharding; 1: replicated state): the rank that sends each of
+  // heal_receivers() its state, a member at the same position in another group, for
+  // CheckpointManager::heal(sources, receivers). Call it in every rebuild: when the sliced state
+  // cannot go on - a member's position changed (a rank was lost and nobody took its place), the
+  // group size does not divide the world, or no member holds a receiver's slices - it fails the
+  // group (the launcher restarts it from its checkpoint) and throws CommError saying why.
+  std::vector<int> heal_sources(int group_size);
 
   // Runs `work` (the step's forward and backward, every collective of the step) and returns the
   // outcome the live ranks agreed on. Every member calls it with the same `step`.
@@ -130,12 +143,14 @@ class FaultTolerantWorld {
   // The group cannot go on (too few ranks, nobody holds the state): tells tandemrun to restart
   // it from the checkpoint (TANDEM_FT/group_failed) and throws CommError(why).
   [[noreturn]] void fail_group(const std::string& why);
+  std::string members_text() const;
   void await_admission();
 
   c10::intrusive_ptr<c10d::Store> store_;
   InitOptions comm_;
   FaultToleranceOptions options_;
   bool active_ = false;
+  bool failed_ = false;  // fail_group() ran: the group restarts; nothing to re-form
   int launch_rank_ = 0;
   std::string prefix_;  // this attempt's keys
   std::string dead_prefix_;  // the launcher's reports
