@@ -130,6 +130,7 @@ FaultTolerantWorld::FaultTolerantWorld(const Distributed& dist, const InitOption
   comm_.connect_timeout = std::chrono::duration_cast<std::chrono::milliseconds>(
       std::chrono::duration<double>(options_.quorum_timeout_s));
   launch_rank_ = dist.env.rank;
+  launch_size_ = dist.env.world_size;
   incarnation_ = dist.env.ft_join;
   if (incarnation_ > 0 && !options_.enabled) {
     throw ConfigError("tandem: this worker replaces a failed one (tandemrun --ft-replace), but "
@@ -177,10 +178,11 @@ std::string FaultTolerantWorld::members_text() const {
 
 std::vector<int> FaultTolerantWorld::heal_sources(int group_size) {
   const int n = world_size();
-  if (group_size < 1) {
+  if (group_size < 0) {
     throw ConfigError("tandem: FaultTolerantWorld::heal_sources: group size " +
-                      std::to_string(group_size) + " must be at least 1.");
+                      std::to_string(group_size) + " must be 0 (the launch world) or more.");
   }
+  if (group_size == 0) group_size = launch_size_;
   const std::string layout = "sharded state (shard groups of " + std::to_string(group_size) +
                              " ranks, sharding.group_size) ";
   const std::string restart = "; the group fails and the launcher restarts it from its "

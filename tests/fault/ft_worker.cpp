@@ -112,8 +112,8 @@ int train(tandem::Context& ctx) {
   dp_options.bucket_cap_mb = 0.0005;  // several buckets: some are in flight mid-backward
   const tandem::ShardingOptions& sharding = ctx.config().sharding;
   const bool sharded = sharding.stage > 0;
-  // The ranks that hold the same slices of sharded state: one shard group apart.
-  const int shard_group = !sharded ? 1 : sharding.group_size > 0 ? sharding.group_size : ctx.world_size();
+  // Ranks one shard group apart hold the same slices of sharded state (0: the launch world).
+  const int shard_group = sharded ? sharding.group_size : 1;
   std::unique_ptr<Ddp> ddp;
   std::unique_ptr<Sdp> sdp;
   const auto sgd = torch::optim::SGDOptions(0.05).momentum(0.9);

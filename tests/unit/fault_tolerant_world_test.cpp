@@ -170,6 +170,37 @@ TEST(FaultTolerantWorld, BelowMinReplicasFails) {
   });
 }
 
+// Sharded state over groups of 2 of 4 ranks: when rank 3 is lost and nobody takes its place, the
+// survivors' shards no longer line up. heal_sources() fails the group (the launcher restarts it
+// from its checkpoint), and begin_step() lets that through instead of re-forming around it.
+TEST(FaultTolerantWorld, ShardsThatLostTheirPlaceFailTheGroup) {
+  testing::run_threads(4, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    const Distributed d = connect(rank, 4, store, comm);
+    FaultTolerantWorld ft(d, comm, enabled());
+    int64_t step = 0;
+    EXPECT_FALSE(ft.begin_step(step, [&] { ft.heal_sources(2); }));  // nothing changed
+    EXPECT_EQ(ft.step(0, [] {}), StepOutcome::kCommitted);
+    if (rank == 3) {
+      store->set(std::string(kLauncherKeys) + "/dead/3.0", "killed");
+      store->add(std::string(kLauncherKeys) + "/dead/count", 1);
+      return;
+    }
+    EXPECT_EQ(ft.step(1, [] {}), StepOutcome::kAborted);
+    EXPECT_EQ(ft.members(), (std::vector<int>{0, 1, 2}));
+    step = 1;
+    try {
+      ft.begin_step(step, [&] { ft.heal_sources(2); });
+      FAIL() << "no error";
+    } catch (const CommError& e) {
+      EXPECT_NE(std::string(e.what()).find("cannot go on with the 3 members"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_TRUE(store->check({std::string(kLauncherKeys) + "/group_failed"}));
+    EXPECT_EQ(ft.epoch(), 1);  // not re-formed again
+  });
+}
+
 // Ranks 0-2 train; rank 2 dies after step 0 and thread 3 plays its replacement (incarnation 1),
 // started once the launcher reported the death. `wait_s` is ft.replacement_wait_s: with it the
 // survivors wait for the replacement while re-forming after the aborted step 1; without, they go
@@ -203,6 +234,7 @@ void replace_rank_2(double wait_s) {
       EXPECT_TRUE(ft.begin_step(step, [&] {
         EXPECT_EQ(ft.heal_receivers(), std::vector<int>{2});
         EXPECT_EQ(ft.heal_source(), 0);
+        EXPECT_EQ(ft.heal_sources(1), std::vector<int>{0});  // replicated state: any holder
       }));
       EXPECT_GE(step, 1);
       EXPECT_EQ(ft.rank(), 2);
@@ -223,11 +255,12 @@ void replace_rank_2(double wait_s) {
       return;
     }
     EXPECT_EQ(ft.step(1, allreduce), StepOutcome::kAborted);
-    std::vector<int> receivers;
+    std::vector<int> receivers, sources;
     int source = -1;
     auto rebuild = [&] {
       receivers = ft.heal_receivers();
       source = ft.heal_source();
+      sources = ft.heal_sources(1);
     };
     int64_t step = 1;
     for (;; ++step) {
@@ -245,6 +278,7 @@ void replace_rank_2(double wait_s) {
     }
     EXPECT_EQ(receivers, std::vector<int>{2});
     EXPECT_EQ(source, 0);
+    EXPECT_EQ(sources, std::vector<int>{0});
     EXPECT_EQ(ft.members(), (std::vector<int>{0, 1, 2}));
     EXPECT_EQ(ft.step(step, allreduce), StepOutcome::kCommitted);
     EXPECT_EQ(t[0].item<float>(), 3.0f);

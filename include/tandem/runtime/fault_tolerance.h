@@ -118,7 +118,8 @@ class FaultTolerantWorld {
   const std::vector<int>& heal_receivers() const { return receivers_; }
   int heal_source() const { return source_; }
   // During `rebuild`, for state sliced over shard groups of `group_size` consecutive ranks
-  // (ShardedDataParallel's hybrid sharding; 1: replicated state): the rank that sends each of
+  // (sharding.group_size of ShardedDataParallel; 0: the launch world, as there; 1: replicated
+  // state): the rank that sends each of
   // heal_receivers() its state, a member at the same position in another group, for
   // CheckpointManager::heal(sources, receivers). Call it in every rebuild: when the sliced state
   // cannot go on - a member's position changed (a rank was lost and nobody took its place), the
@@ -152,6 +153,7 @@ class FaultTolerantWorld {
   bool active_ = false;
   bool failed_ = false;  // fail_group() ran: the group restarts; nothing to re-form
   int launch_rank_ = 0;
+  int launch_size_ = 0;  // WORLD_SIZE
   std::string prefix_;  // this attempt's keys
   std::string dead_prefix_;  // the launcher's reports
   std::string group_failed_;  // to the launcher: restart the group
