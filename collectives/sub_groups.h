@@ -6,6 +6,7 @@
 
 #include <tandem/collectives/communicator.h>
 
+#include <algorithm>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -18,6 +19,8 @@ class SubGroups {
   template <class Group>
   std::shared_ptr<Group> add(std::shared_ptr<Group> group) {
     std::lock_guard<std::mutex> lock(mutex_);
+    groups_.erase(std::remove_if(groups_.begin(), groups_.end(), [](const auto& g) { return g.expired(); }),
+                  groups_.end());
     groups_.push_back(group);
     return group;
   }

@@ -119,12 +119,12 @@ class FaultTolerantWorld {
   int heal_source() const { return source_; }
   // During `rebuild`, for state sliced over shard groups of `group_size` consecutive ranks
   // (sharding.group_size of ShardedDataParallel; 0: the launch world, as there; 1: replicated
-  // state): the rank that sends each of
-  // heal_receivers() its state, a member at the same position in another group, for
-  // CheckpointManager::heal(sources, receivers). Call it in every rebuild: when the sliced state
-  // cannot go on - a member's position changed (a rank was lost and nobody took its place), the
-  // group size does not divide the world, or no member holds a receiver's slices - it fails the
-  // group (the launcher restarts it from its checkpoint) and throws CommError saying why.
+  // state): the rank that sends each of heal_receivers() its state, a member at the same position
+  // in another group, for CheckpointManager::heal(sources, receivers). Call it in every rebuild:
+  // when the sliced state cannot go on - a member's position changed (a rank was lost and nobody
+  // took its place), the group size does not divide the world, or no member holds a receiver's
+  // slices - it fails the group (the launcher restarts it from its checkpoint) and throws
+  // CommError saying why.
   std::vector<int> heal_sources(int group_size);
 
   // Runs `work` (the step's forward and backward, every collective of the step) and returns the

@@ -2,10 +2,11 @@
 // aborted step leaves nothing half-applied (docs/fault_tolerance.md).
 //
 // FaultTolerantWorld::step() opens a StepScope on its thread around the step's work. A
-// DistributedDataParallel wrapper whose forward runs inside it joins the scope, and from then on
-// its codec keeps the state it had before each step. When the step aborts, the scope has every
-// participant drop what the step did (a codec's error feedback, warm-start factors, step count),
-// after the step's communicator was aborted.
+// data-parallel wrapper whose forward runs inside it joins the scope: DistributedDataParallel's
+// codec then keeps the state it had before each step. When the step aborts, the scope has every
+// participant drop what the step did (a codec's error feedback, warm-start factors, step count;
+// ShardedDataParallel's in-flight collectives and gradients), after the step's communicator was
+// aborted.
 // Ownership: the scope holds its participants by pointer; they outlive the step's work (a program
 // rebuilds them only after step() returned). Thread-safety: one thread; scopes nest per thread.
 // Errors: drop() lets through what a participant's drop_step() throws.
