@@ -16,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "tests/launcher/tandemrun_process.h"
@@ -40,6 +41,13 @@ inline RunResult run_worker(int nproc, const std::vector<std::string>& launcher_
   return run_tandemrun(args, worker_env(env), 60s);
 }
 
+// `args` followed by `--set s` for each of `settings`.
+inline std::vector<std::string> with_settings(std::vector<std::string> args,
+                                              const std::vector<std::string>& settings) {
+  for (const std::string& s : settings) args.insert(args.end(), {"--set", s});
+  return args;
+}
+
 // Parameters of the run of `steps` steps whose first `switch_step` train on `nproc` ranks and the
 // rest on `nproc - lost`, through a checkpoint at the switch (none when it is 0), with `settings`
 // (--set key=value: the transport decides the reduction's rounding). Cached per shape.
@@ -52,8 +60,7 @@ inline std::string reference(int nproc, int lost, int switch_step, int steps = k
   const std::string out = dir.path + "/params.bin", ckpt = dir.path + "/ckpt";
   auto args = [&](std::vector<std::string> a) {
     a.insert(a.end(), {"--out", out, "--ckpt", ckpt, "--steps", std::to_string(steps)});
-    for (const std::string& s : settings) a.insert(a.end(), {"--set", s});
-    return a;
+    return with_settings(std::move(a), settings);
   };
   if (switch_step > 0) {
     const RunResult first = run_worker(nproc, {}, args({"--save-at", std::to_string(switch_step)}));

@@ -27,11 +27,6 @@ struct Replaced {
   std::vector<std::string> settings{};  // --set key=value (sharding)
 };
 
-std::vector<std::string> with_settings(std::vector<std::string> args, const std::vector<std::string>& settings) {
-  for (const std::string& s : settings) args.insert(args.end(), {"--set", s});
-  return args;
-}
-
 RunResult run_replaced(const Replaced& t, const std::string& out) {
   std::vector<std::string> env{"FT_KILL_RANKS=" + std::to_string(t.killed),
                                "FT_KILL_STEP=" + std::to_string(t.step), "FT_KILL_AT=" + t.at};
@@ -145,7 +140,7 @@ TEST(StepFaultToleranceReplace, LateReplacementIsAdmittedAtAStepStart) {
 // Hybrid sharding (sharding.group_size=2 of 4 ranks): the replacement heals its shards, of the
 // parameters and of the momentum, from the rank at the same position in the other replica group;
 // the survivors carry theirs onto the new world. The run ends bitwise equal to an uninterrupted
-// one at each stage, whatever the step was doing when the rank died.
+// one at each stage, for a rank killed before forward, mid-backward or before the vote.
 struct HybridCase {
   int stage;
   int killed;
