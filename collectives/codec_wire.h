@@ -30,7 +30,9 @@ class ForwardingCommunicator : public Communicator {
   WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
   WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
   WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag) override;
+  bool p2p_tags(c10::Device device) const override { return inner_.p2p_tags(device); }
   WorkPtr barrier() override { return inner_.barrier(); }
+  WorkPtr fence() override { return inner_.fence(); }
   std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override { inner_.abort(reason); }

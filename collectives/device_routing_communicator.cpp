@@ -3,6 +3,10 @@
 
 #include <tandem/base/errors.h>
 
+#include <memory>
+#include <string>
+#include <utility>
+
 namespace tandem {
 
 DeviceRoutingCommunicator::DeviceRoutingCommunicator(std::shared_ptr<Communicator> cpu,
@@ -49,6 +53,18 @@ WorkPtr DeviceRoutingCommunicator::send(const at::Tensor& tensor, int dst, uint3
 
 WorkPtr DeviceRoutingCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
   return route(tensor).recv(tensor, src, tag);
+}
+
+WorkPtr DeviceRoutingCommunicator::send_recv(const std::vector<P2POp>& ops) {
+  if (ops.empty()) return cpu_->send_recv(ops);
+  for (const P2POp& op : ops) {
+    if (op.tensor.is_cuda() != ops.front().tensor.is_cuda()) {
+      throw CommError("tandem: send_recv: a batch holds tensors on " +
+                      ops.front().tensor.device().str() + " and on " + op.tensor.device().str() +
+                      "; post one batch per device.");
+    }
+  }
+  return route(ops.front().tensor).send_recv(ops);
 }
 
 std::shared_ptr<Communicator> DeviceRoutingCommunicator::new_group(const std::vector<int>& ranks) {

@@ -21,11 +21,15 @@
 
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/tensor.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <mutex>
+#include <utility>
 
 namespace tandem {
 
@@ -71,10 +75,12 @@ class NcclCommunicator : public Communicator,
         options_(options),
         device_(static_cast<c10::DeviceIndex>(options_.device)),
         // A pool stream, as c10d's: it outlives the communicator, so a tensor recordStream'd on it
-        // may be freed after the communicator is gone.
-        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device_)) {
+        // may be freed after the communicator is gone. From the high-priority pool: checkpoint
+        // copies, host staging and codec stages draw from the other one, so a long copy never
+        // holds a collective queued behind it on a shared stream.
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device_)) {
     c10::cuda::CUDAGuard guard(device_);  // events belong to the device current at creation
-    ready_ = std::make_unique<detail::CudaEvent>();
+    ready_ = std::make_unique<detail::CudaEvent>(events_);
     watchdog_ = std::make_unique<detail::NcclWatchdog>(*this, options_.device, options_.timeout);
   }
 
@@ -169,6 +175,50 @@ class NcclCommunicator : public Communicator,
                   copy_back_fn(t, buf));
   }
 
+  bool p2p_tags(c10::Device) const override { return false; }
+
+  // One NCCL group: its sends and receives progress together, so two peers that each post their
+  // send first do not wait on each other.
+  WorkPtr send_recv(const std::vector<P2POp>& ops) override {
+    if (ops.empty()) return Communicator::send_recv(ops);
+    std::vector<at::Tensor> kept;
+    std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (caller's tensor, buffer) to copy back
+    std::vector<at::Tensor> bufs;
+    std::string detail;
+    for (const P2POp& op : ops) {
+      const bool send = op.kind == P2POp::Kind::kSend;
+      check_p2p(op.tensor, op.peer, op.tag, send ? "send" : "recv");
+      at::Tensor buf = send ? op.tensor.contiguous() : contiguous_output(op.tensor);
+      if (!send && !buf.is_same(op.tensor)) copies.emplace_back(op.tensor, buf);
+      kept.push_back(op.tensor);
+      kept.push_back(buf);
+      bufs.push_back(buf);
+      detail += (detail.empty() ? "" : "; ") + std::string(send ? "send " : "recv ") +
+                tensor_summary(op.tensor) + (send ? ", to " : ", from ") + std::to_string(op.peer);
+    }
+    std::function<void()> copy_back;
+    if (!copies.empty()) {
+      copy_back = [copies] {
+        at::NoGradGuard no_grad;
+        for (const auto& [target, buf] : copies) target.copy_(buf);
+      };
+    }
+    return launch("send_recv", detail, std::move(kept), [&] {
+      check_nccl(ncclGroupStart(), "ncclGroupStart");
+      ncclResult_t result = ncclSuccess;
+      for (size_t i = 0; i < ops.size() && result == ncclSuccess; ++i) {
+        const at::Tensor& buf = bufs[i];
+        result = ops[i].kind == P2POp::Kind::kSend
+                     ? ncclSend(buf.data_ptr(), buf.numel(), nccl_type(buf, "send"), ops[i].peer,
+                                comm_, stream_.stream())
+                     : ncclRecv(buf.data_ptr(), buf.numel(), nccl_type(buf, "recv"), ops[i].peer,
+                                comm_, stream_.stream());
+      }
+      const ncclResult_t end = ncclGroupEnd();
+      return result != ncclSuccess ? result : end;
+    }, std::move(copy_back));
+  }
+
   WorkPtr barrier() override {
     {
       c10::cuda::CUDAGuard guard(device_);
@@ -182,6 +232,9 @@ class NcclCommunicator : public Communicator,
                            stream_.stream());
     });
   }
+
+  // wait() only orders a stream here: a barrier behind every op is what completes after them.
+  WorkPtr fence() override { return barrier(); }
 
   std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
     for (size_t i = 0; i < ranks.size(); ++i) {
@@ -345,7 +398,8 @@ class NcclCommunicator : public Communicator,
     d.detail = std::move(detail);
     d.ranks = format_ranks(world_ranks_);
     d.backend = "nccl";
-    d.p2p = std::strcmp(name, "send") == 0 || std::strcmp(name, "recv") == 0;
+    d.p2p = std::strcmp(name, "send") == 0 || std::strcmp(name, "recv") == 0 ||
+            std::strcmp(name, "send_recv") == 0;
     std::lock_guard<std::timed_mutex> issue(issue_mutex_);  // issue order = number = stream order
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -358,7 +412,7 @@ class NcclCommunicator : public Communicator,
     const cudaStream_t producer = c10::cuda::getCurrentCUDAStream(device_).stream();
     check_cuda(cudaEventRecord(ready_->get(), producer), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(stream_.stream(), ready_->get(), 0), "cudaStreamWaitEvent");
-    auto op = std::make_shared<NcclOp>(std::move(d), options_.device);
+    auto op = std::make_shared<NcclOp>(std::move(d), options_.device, events_);
     try {
       check_cuda(cudaEventRecord(op->start_event(), stream_.stream()), "cudaEventRecord");
       check_nccl(call(), op->description().str());
@@ -382,6 +436,34 @@ class NcclCommunicator : public Communicator,
   }
 
   std::shared_ptr<Communicator> split_impl(int color, int key, const std::vector<int>& ranks) {
+    // The members' world ranks: given (new_group), or from every rank's (color, key) gathered by
+    // an op of this communicator, watched and bounded by its timeout like any other (a dead peer
+    // is a TimeoutError, not a hang), before ncclCommSplit takes the issue lock.
+    std::vector<int> world;
+    int position = -1;
+    if (!ranks.empty()) {
+      for (size_t i = 0; i < ranks.size(); ++i) {
+        world.push_back(world_ranks_[ranks[i]]);
+        if (ranks[i] == rank_) position = static_cast<int>(i);
+      }
+    } else {
+      const at::TensorOptions longs = at::TensorOptions(at::kLong).device(at::kCUDA, device_);
+      const at::Tensor mine = at::tensor({int64_t{color}, int64_t{key}}, at::kLong).to(longs);
+      const at::Tensor all = at::empty({2 * size()}, longs);
+      allgather(all, mine)->wait(options_.timeout);
+      const at::Tensor host = all.cpu();
+      const int64_t* v = host.data_ptr<int64_t>();
+      std::vector<int> members;  // ordered by (key, rank), as ncclCommSplit orders them
+      for (int r = 0; r < size(); ++r) {
+        if (color >= 0 && v[2 * r] == color) members.push_back(r);
+      }
+      std::stable_sort(members.begin(), members.end(),
+                       [&](int a, int b) { return v[2 * a + 1] < v[2 * b + 1]; });
+      for (size_t i = 0; i < members.size(); ++i) {
+        world.push_back(world_ranks_[members[i]]);
+        if (members[i] == rank_) position = static_cast<int>(i);
+      }
+    }
     std::lock_guard<std::timed_mutex> issue(issue_mutex_);  // ncclCommSplit is a collective
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -396,22 +478,13 @@ class NcclCommunicator : public Communicator,
     int child_rank = 0, child_size = 0;
     check_nccl(ncclCommUserRank(child, &child_rank), "ncclCommUserRank");
     check_nccl(ncclCommCount(child, &child_size), "ncclCommCount");
-    // World ranks of the members: exchanged through an allgather on the child, read on the host.
-    std::vector<int> world(child_size, -1);
-    if (!ranks.empty()) {
-      for (size_t i = 0; i < ranks.size(); ++i) world[i] = world_ranks_[ranks[i]];
-    } else {
-      int* dev = nullptr;
-      check_cuda(cudaMalloc(&dev, sizeof(int) * (child_size + 1)), "cudaMalloc");
-      const int mine = world_ranks_[rank_];
-      check_cuda(cudaMemcpy(dev + child_size, &mine, sizeof(int), cudaMemcpyHostToDevice),
-                 "cudaMemcpy");
-      check_nccl(ncclAllGather(dev + child_size, dev, 1, ncclInt32, child, stream_.stream()),
-                 "ncclAllGather");
-      check_cuda(cudaStreamSynchronize(stream_.stream()), "cudaStreamSynchronize");
-      check_cuda(cudaMemcpy(world.data(), dev, sizeof(int) * child_size, cudaMemcpyDeviceToHost),
-                 "cudaMemcpy");
-      cudaFree(dev);
+    if (child_rank != position || child_size != static_cast<int>(world.size())) {
+      ncclCommDestroy(child);
+      throw CommError("tandem: " + std::string(ranks.empty() ? "split" : "new_group") +
+                      ": NCCL made this rank " + std::to_string(child_rank) + " of " +
+                      std::to_string(child_size) + ", the gathered membership says " +
+                      std::to_string(position) + " of " + std::to_string(world.size()) +
+                      " (ranks " + format_ranks(world) + "). This is a bug in tandem; please report it.");
     }
     return groups_.add(std::make_shared<NcclCommunicator>(child, child_rank, std::move(world), options_));
   }
@@ -422,6 +495,7 @@ class NcclCommunicator : public Communicator,
   const NcclOptions options_;
   const c10::DeviceIndex device_;
   const c10::cuda::CUDAStream stream_;  // the NCCL stream
+  const std::shared_ptr<detail::CudaEventPool> events_ = std::make_shared<detail::CudaEventPool>();
   std::unique_ptr<detail::CudaEvent> ready_;  // the producer's point, re-recorded per op
   std::mutex mutex_;                          // seq numbers, broken state, barrier buffer
   std::timed_mutex issue_mutex_;              // one thread issues to NCCL at a time

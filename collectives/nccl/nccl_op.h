@@ -7,8 +7,9 @@
 // has to block for it: NcclWork::wait() makes the caller's current stream wait for `end`, and the
 // watchdog notices completion, timeouts and NCCL's async errors.
 //
-// Ownership: an NcclOp owns its two events and a reference to every tensor the NCCL stream reads
-// or writes, which it drops once `end` has fired (tensors from libtorch's caching allocator are
+// Ownership: an NcclOp holds its two events (from its communicator's pool, given back when the op
+// goes: the watchdog keeps an op until its end event fired) and a reference to every tensor the
+// NCCL stream reads or writes, which it drops once `end` has fired (tensors from libtorch's caching allocator are
 // also recordStream'd by the communicator; the references cover memory from anywhere else).
 // Thread-safety: every NcclOp member may be called from any thread (one mutex per op).
 // Errors: poll() never throws (a CUDA error fails the op); the constructor throws CommError when
@@ -49,18 +50,49 @@ inline void check_nccl(ncclResult_t res, const std::string& what) {
   }
 }
 
-// One CUDA event without timing, destroyed with its owner (CUDA defers that past pending work).
+// CUDA events without timing, kept for reuse: an op takes two, and creating them was two driver
+// calls per op. An event goes back once its op has drained (the GPU is past it), so a reused
+// event is never still pending. Shared by a communicator and its ops (an op may outlive it).
+class CudaEventPool {
+ public:
+  ~CudaEventPool() {
+    for (cudaEvent_t e : free_) cudaEventDestroy(e);
+  }
+  cudaEvent_t take() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!free_.empty()) {
+        cudaEvent_t e = free_.back();
+        free_.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return e;
+  }
+  void give(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(e);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<cudaEvent_t> free_;
+};
+
+// One event of a pool, given back with its owner.
 class CudaEvent {
  public:
-  CudaEvent() {
-    check_cuda(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming), "cudaEventCreate");
-  }
-  ~CudaEvent() { cudaEventDestroy(event_); }
+  explicit CudaEvent(std::shared_ptr<CudaEventPool> pool)
+      : pool_(std::move(pool)), event_(pool_->take()) {}
+  ~CudaEvent() { pool_->give(event_); }
   CudaEvent(const CudaEvent&) = delete;
   CudaEvent& operator=(const CudaEvent&) = delete;
   cudaEvent_t get() const { return event_; }
 
  private:
+  std::shared_ptr<CudaEventPool> pool_;
   cudaEvent_t event_ = nullptr;
 };
 
@@ -69,9 +101,14 @@ class NcclOp {
   using Clock = AsyncWork::Clock;
   enum class Status { kPending, kDone, kFailed };
 
-  // `description.backend` is "nccl"; the op is recorded in the flight recorder here.
-  NcclOp(OpDescription description, int device)
-      : description_(std::move(description)), device_(device), flight_id_(record_op(description_)) {}
+  // `description.backend` is "nccl"; the op is recorded in the flight recorder here. Its two
+  // events come from `events`.
+  NcclOp(OpDescription description, int device, const std::shared_ptr<CudaEventPool>& events)
+      : description_(std::move(description)),
+        device_(device),
+        start_(events),
+        end_(events),
+        flight_id_(record_op(description_)) {}
 
   const OpDescription& description() const { return description_; }
   int device() const { return device_; }

@@ -1,7 +1,7 @@
 // Internal (libtandem_cuda; included by nccl/nccl_communicator.cpp only): the thread that watches
 // one NCCL communicator's ops, as c10d's ProcessGroupNCCL watchdog does. Work::wait() no longer
-// blocks the host, so something else has to notice that an op never ends: every few milliseconds
-// while ops are in flight it polls their events (marking them done or failed, and dropping the
+// blocks the host, so something else has to notice that an op never ends: while ops are in
+// flight it polls their events (soon after each new op, then less often) (marking them done or failed, and dropping the
 // tensors they kept once the GPU is past them) and ncclCommGetAsyncError; an op past the timeout
 // or an async error goes to its owner, which fails the pending ops and aborts the communicator.
 //
@@ -18,6 +18,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <functional>
 #include <thread>
@@ -38,8 +39,11 @@ class NcclWatchdogOwner : public NcclOpOwner {
 
 class NcclWatchdog {
  public:
-  // How often ops in flight are polled: completion times in timelines are this precise.
-  static constexpr std::chrono::milliseconds kPoll{2};
+  // How often ops in flight are polled: kMinPoll after an op was added or one completed,
+  // doubling up to kMaxPoll while none completes. A short op's completion time (timelines) is then
+  // precise to tens of microseconds, and a long wait costs a few wake-ups, not one every 2 ms.
+  static constexpr std::chrono::microseconds kMinPoll{50};
+  static constexpr std::chrono::microseconds kMaxPoll{10000};
 
   NcclWatchdog(NcclWatchdogOwner& owner, int device, std::chrono::milliseconds timeout)
       : owner_(owner), device_(device), timeout_(timeout),
@@ -64,6 +68,7 @@ class NcclWatchdog {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       ops_.push_back(std::move(op));
+      added_ = true;
     }
     cv_.notify_all();
   }
@@ -93,11 +98,13 @@ class NcclWatchdog {
     pthread_setname_np(pthread_self(), "tandem-nccl-wd");
     cudaSetDevice(device_);  // this thread's own: event queries on the communicator's device
     std::unique_lock<std::mutex> lock(mutex_);
+    std::chrono::microseconds pause = kMinPoll;
     while (!stop_) {
       if (ops_.empty()) {
         cv_.wait(lock, [&] { return stop_ || !ops_.empty(); });
         continue;
       }
+      added_ = false;
       std::vector<std::shared_ptr<NcclOp>> ops = ops_;
       lock.unlock();
       try {
@@ -108,11 +115,16 @@ class NcclWatchdog {
       }
       lock.lock();
       // Drop the ops the GPU is done with (new ones may have been added meanwhile).
+      const size_t before = ops_.size();
       ops_.erase(std::remove_if(ops_.begin(), ops_.end(),
                                 [](const std::shared_ptr<NcclOp>& op) { return op->drained(); }),
                  ops_.end());
       if (none_pending()) idle_cv_.notify_all();
-      if (!ops_.empty()) cv_.wait_for(lock, kPoll, [&] { return stop_; });
+      pause = ops_.size() < before ? kMinPoll : std::min(pause * 2, kMaxPoll);
+      if (!ops_.empty()) {
+        cv_.wait_for(lock, pause, [&] { return stop_ || added_; });
+        if (added_) pause = kMinPoll;
+      }
     }
   }
 
@@ -142,6 +154,7 @@ class NcclWatchdog {
   std::condition_variable cv_;
   std::condition_variable idle_cv_;
   std::vector<std::shared_ptr<NcclOp>> ops_;
+  bool added_ = false;  // an op came since the last pass: poll soon
   bool stop_ = false;
   bool reported_async_ = false;  // watchdog thread only
   std::thread thread_;           // last: starts once the members above exist

@@ -272,5 +272,35 @@ TEST(Nccl, RejectsCpuTensorsAndTags) {
   }
 }
 
+// send_recv() is one NCCL group (issue 37): a rank's send to itself and its receive from itself
+// complete together (ungrouped, the send would wait for a receive queued behind it), and a
+// non-contiguous receive gets its values back. NCCL offers no tags.
+TEST(Nccl, SendRecvIsOneGroupAndOffersNoTags) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or libtorch built without CUDA";
+  auto comm = world_of_one();
+  EXPECT_FALSE(comm->p2p_tags(c10::Device(c10::kCUDA, 0)));
+  const at::Tensor out = at::arange(12, cuda_float()).view({3, 4});
+  at::Tensor in = at::zeros({4, 3}, cuda_float()).t();  // 3 x 4, not contiguous
+  comm->send_recv({{P2POp::Kind::kSend, out, 0}, {P2POp::Kind::kRecv, in, 0}})
+      ->wait(std::chrono::seconds(20));
+  EXPECT_TRUE(in.equal(out));
+}
+
+// split() learns its members from an op of its parent, watched and bounded like any other: the
+// child of a world of one holds world rank 0 and works; a negative colour opts out.
+TEST(Nccl, SplitLearnsItsMembersFromAWatchedOp) {
+  if (!have_gpu()) GTEST_SKIP() << "no CUDA device or libtorch built without CUDA";
+  auto comm = world_of_one();
+  auto child = comm->split(0, 5);
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(child->size(), 1);
+  EXPECT_EQ(child->rank(), 0);
+  EXPECT_EQ(child->world_rank(0), 0);
+  at::Tensor t = at::ones({4}, cuda_float());
+  child->allreduce(t)->wait(std::chrono::seconds(20));
+  EXPECT_EQ(t.sum().item<float>(), 4.0f);
+  EXPECT_EQ(comm->split(-1, 0), nullptr);
+}
+
 }  // namespace
 }  // namespace tandem

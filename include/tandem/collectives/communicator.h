@@ -8,7 +8,11 @@
 //
 // Ordering: collectives run in issue order (one queue per communicator), so ranks must issue
 // collectives in the same order. send/recv are posted in issue order and matched per
-// (peer, tag) in posting order; they may complete while earlier collectives still run.
+// (peer, tag) in posting order; they may complete while earlier collectives still run. Where
+// p2p_tags() is false (NCCL) there are no tags: a pair's ops match in posting order only, each
+// may block its queue until the peer posts its match, and send_recv() posts a batch that
+// progresses together (a send and a receive between two peers that each post the send first
+// would otherwise deadlock).
 //
 // Tensors: inputs may be non-contiguous: the op works on a contiguous copy and copies results
 // back into the caller's tensor (costs one extra copy each way). In-place ops write their
@@ -29,6 +33,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
 
 #include <chrono>
 #include <cstdint>
@@ -72,6 +77,15 @@ class Work {
 
 using WorkPtr = std::shared_ptr<Work>;
 
+// One point-to-point op of a batch (Communicator::send_recv).
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  at::Tensor tensor;
+  int peer = 0;
+  uint32_t tag = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -106,7 +120,28 @@ class Communicator {
   virtual WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag = 0) = 0;
   virtual WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag = 0) = 0;
 
+  // Whether send/recv of tensors on `device` match by tag (Gloo, shared memory: true) or only in
+  // posting order per peer, refusing any tag but 0 (NCCL: false). A caller that posts one pair's
+  // ops out of order, or receives ahead of time, needs tags.
+  virtual bool p2p_tags(c10::Device device) const {
+    (void)device;
+    return true;
+  }
+
+  // Posts `ops` (each as send() or recv() would, same checks) as one batch that progresses
+  // together: one NCCL group; elsewhere one by one, in order. The Work completes when every op
+  // did; its wait() rethrows the first op's error.
+  virtual WorkPtr send_recv(const std::vector<P2POp>& ops);
+
   virtual WorkPtr barrier() = 0;
+
+  // A Work that completes once every op issued so far on this communicator, and every op the
+  // caller's current stream was made to wait for, has completed where it runs. Where wait()
+  // returns only after completion (Gloo, shared memory) that is so already: a completed Work,
+  // nothing sent. Where it only orders a stream (NCCL), a barrier behind them. For a decision
+  // taken on the host that must know the ops happened (a commit vote): poll is_completed(), or
+  // wait with a timeout. Collective where it is a barrier: every rank calls it.
+  virtual WorkPtr fence();
 
   // Collective over all ranks of this communicator (every rank must call it, with the same
   // `ranks`): returns a communicator over `ranks` (sorted, unique, in range; group rank = position

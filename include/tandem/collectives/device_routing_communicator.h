@@ -5,7 +5,7 @@
 //
 // Each inner communicator keeps its own op order: every rank must issue the same CPU ops in the
 // same order, and the same CUDA ops in the same order (as with two communicators). Sub-groups
-// split both. allgather/reduce_scatter with the input and output on different devices throw
+// split both. fence() is the CUDA communicator's (the CPU one's ops complete at their wait). allgather/reduce_scatter with the input and output on different devices throw
 // CommError.
 // Ownership: shares both communicators. Thread-safety: as communicator.h. Errors: those of the
 // inner communicators; CommError for mixed-device ops; ConfigError for null or mismatched inners.
@@ -34,7 +34,13 @@ class DeviceRoutingCommunicator final : public Communicator {
   WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
   WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
   WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag) override;
+  bool p2p_tags(c10::Device device) const override {
+    return (device.is_cuda() ? cuda_ : cpu_)->p2p_tags(device);
+  }
+  // Every op of the batch on one kind of device (CommError otherwise).
+  WorkPtr send_recv(const std::vector<P2POp>& ops) override;
   WorkPtr barrier() override { return cpu_->barrier(); }
+  WorkPtr fence() override { return cuda_->fence(); }
   std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override;
