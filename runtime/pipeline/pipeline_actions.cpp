@@ -29,9 +29,7 @@ void PipelineParallel::Impl::forward(Stage& st, int k) {
   if (s == 0) {
     mb.input = micro_inputs[k];
   } else {
-    auto it = mailbox.find({0, s - 1, k});
-    mb.input = it->second.detach().requires_grad_(true);
-    mailbox.erase(it);
+    mb.input = take_mail(0, s - 1, k).detach().requires_grad_(true);
   }
   mb.bytes = static_cast<int64_t>(mb.input.nbytes());
   at::Tensor h = mb.input;
@@ -59,7 +57,9 @@ void PipelineParallel::Impl::forward(Stage& st, int k) {
   } else {
     mb.root = h;
     mailbox[{0, s, k}] = h.detach().contiguous();
-    if (rank_of(s + 1) != rank) post_recv(1, s + 1, k, at::empty(h.sizes(), h.options()));
+    if (rank_of(s + 1) != rank && !untagged) {
+      post_recv(1, s + 1, k, at::empty(h.sizes(), h.options()));
+    }
   }
   st.held += mb.bytes;
   st.peak = std::max(st.peak, st.held);
@@ -70,11 +70,7 @@ void PipelineParallel::Impl::backward(Stage& st, int k, Op op) {
   const int s = st.index;
   Micro& mb = st.live.at(k);
   at::Tensor grad_out;
-  if (s != S - 1 && op != Op::kBackwardWeight) {
-    auto it = mailbox.find({1, s + 1, k});
-    grad_out = it->second;
-    mailbox.erase(it);
-  }
+  if (s != S - 1 && op != Op::kBackwardWeight) grad_out = take_mail(1, s + 1, k);
   const bool has_input_grad = s > 0;
   // I: gradients of the stage input (sent on) and of every bound (kept for W), input path only.
   auto input_pass = [&] {
@@ -182,19 +178,7 @@ void PipelineParallel::Impl::run(const Action& a) {
       at::Tensor t = it->second.contiguous();
       mailbox.erase(it);
       const int peer = rank_of(kind == 0 ? s + 1 : s - 1);
-      if (kind == 0 && send_meta) {
-        std::vector<int64_t> meta(2 + kMaxDims, 0);
-        meta[0] = static_cast<int64_t>(t.scalar_type());
-        meta[1] = t.dim();
-        if (t.dim() > kMaxDims) {
-          throw ConfigError("PipelineParallel: stage " + std::to_string(s) + " output has " +
-                            std::to_string(t.dim()) + " dimensions, at most " +
-                            std::to_string(kMaxDims) + " are supported");
-        }
-        for (int64_t d = 0; d < t.dim(); ++d) meta[2 + d] = t.size(d);
-        auto mt = longs(meta);
-        sender->send(mt, peer, tag(kind, s, k, 1));
-      }
+      if (kind == 0 && send_meta) sender->send(longs(shape_message(t, s)), peer, tag(kind, s, k, 1));
       sender->send(t, peer, tag(kind, s, k, 0));
       break;
     }
@@ -231,6 +215,93 @@ void PipelineParallel::Impl::run(const Action& a) {
       break;
     }
   }
+}
+
+std::vector<int64_t> PipelineParallel::Impl::shape_message(const at::Tensor& t, int stage) {
+  if (t.dim() > kMaxDims) {
+    throw ConfigError("PipelineParallel: stage " + std::to_string(stage) + " output has " +
+                      std::to_string(t.dim()) + " dimensions, at most " +
+                      std::to_string(kMaxDims) + " are supported");
+  }
+  std::vector<int64_t> meta(2 + kMaxDims, 0);
+  meta[0] = static_cast<int64_t>(t.scalar_type());
+  meta[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) meta[2 + d] = t.size(d);
+  return meta;
+}
+
+at::Tensor PipelineParallel::Impl::take_mail(int kind, int stage, int k) {
+  auto it = mailbox.find({kind, stage, k});
+  at::Tensor t = std::move(it->second);
+  mailbox.erase(it);
+  if (auto arriving_it = arriving.find({kind, stage, k}); arriving_it != arriving.end()) {
+    arriving_it->second->wait();  // the batch that brings it: a stream wait on NCCL
+    arriving.erase(arriving_it);
+  }
+  return t;
+}
+
+void PipelineParallel::Impl::add_to_batch(const Action& a, bool last) {
+  batch.push_back(a);
+  if (last) post_batch();
+}
+
+void PipelineParallel::Impl::post_batch() {
+  // With shapes to learn, each op goes alone, in order, an activation's shape right before it: a
+  // receive reads its shape on the host before its buffer exists. lower_untagged()'s one global
+  // order keeps that deadlock-free without groups, and a pair's messages in one order.
+  if (send_meta) {
+    for (const Action& a : batch) post_ops({a});
+  } else {
+    post_ops(batch);
+  }
+  batch.clear();
+}
+
+void PipelineParallel::Impl::post_ops(const std::vector<Action>& actions) {
+  const at::TensorOptions longs_here = at::TensorOptions(at::kLong).device(device);
+  std::vector<P2POp> ops;
+  std::vector<std::tuple<int, int, int>> received;
+  for (const Action& a : actions) {
+    const int s = a.stage, k = a.microbatch, peer = peer_of(a);
+    if (a.op == Op::kSendForward || a.op == Op::kSendBackward) {
+      const int kind = a.op == Op::kSendForward ? 0 : 1;
+      auto it = mailbox.find({kind, s, k});
+      at::Tensor t = it->second.contiguous();
+      mailbox.erase(it);
+      if (kind == 0 && send_meta) {
+        at::Tensor shape = longs(shape_message(t, s)).to(longs_here);
+        in_flight.emplace_back(comm->send_recv({{P2POp::Kind::kSend, shape, peer}}),
+                               std::vector<at::Tensor>{shape});
+      }
+      ops.push_back({P2POp::Kind::kSend, std::move(t), peer});
+      continue;
+    }
+    at::Tensor buffer;
+    if (a.op == Op::kRecvForward) {
+      if (send_meta) {
+        const at::Tensor shape = at::empty({2 + kMaxDims}, longs_here);
+        comm->send_recv({{P2POp::Kind::kRecv, shape, peer}})->wait();
+        const at::Tensor host = shape.cpu();  // the host reads it: waits for it
+        const int64_t* v = host.data_ptr<int64_t>();
+        shape_cache[{s, k}] = {std::vector<int64_t>(v + 2, v + 2 + v[1]), v[0]};
+      }
+      const auto& [sizes, dtype] = shape_cache.at({s, k});
+      buffer = at::empty(sizes, at::TensorOptions(static_cast<at::ScalarType>(dtype)).device(device));
+    } else {  // RECV_B: shaped as this rank's own output
+      const at::Tensor& out = stages.at(s - 1).live.at(k).root;
+      buffer = at::empty(out.sizes(), out.options());
+    }
+    const int kind = a.op == Op::kRecvForward ? 0 : 1;
+    ops.push_back({P2POp::Kind::kRecv, buffer, peer});
+    mailbox[{kind, s, k}] = buffer;
+    received.emplace_back(kind, s, k);
+  }
+  WorkPtr work = comm->send_recv(ops);
+  for (const auto& key : received) arriving[key] = work;
+  std::vector<at::Tensor> tensors;
+  for (const P2POp& op : ops) tensors.push_back(op.tensor);
+  in_flight.emplace_back(std::move(work), std::move(tensors));
 }
 
 void PipelineParallel::Impl::reduce_data_parallel() {

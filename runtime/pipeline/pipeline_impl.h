@@ -38,7 +38,9 @@ int64_t op_index(pipeline::Op op);
 
 // Posts sends on a thread of its own ("tandem-pp-send", a SerialExecutor), in the order they were
 // queued, so the training thread never blocks inside the transport (Gloo's send can hold the
-// caller for milliseconds while the pair's loop thread reads). Owned by PipelineParallel::Impl.
+// caller for milliseconds while the pair's loop thread reads). A CUDA tensor's send is posted with
+// the queuing thread's current stream current, so it waits for the kernels that produced it.
+// Owned by PipelineParallel::Impl.
 class SendThread {
  public:
   explicit SendThread(std::shared_ptr<Communicator> comm) : comm_(std::move(comm)) {}
@@ -103,12 +105,26 @@ struct PipelineParallel::Impl {
   std::map<std::pair<int, int>, std::pair<std::vector<int64_t>, int64_t>> shape_cache;  // RECV_F
   std::vector<int64_t> last_signature;
   bool send_meta = true;
-  c10::Device device{c10::kCPU};  // where this step's activations live (the input's device)
+  c10::Device device{c10::kCPU};  // where this step's activations live (step_device())
   std::vector<at::Tensor> micro_inputs, micro_targets;
   std::unique_ptr<detail::SendThread> sender;
   // Receives posted ahead of their RECV action (same tag, so matching is unchanged): the
   // transport completes them while this rank computes; the RECV action only waits.
   std::map<std::tuple<int, int, int>, std::pair<WorkPtr, at::Tensor>> posted;
+  // Without message tags (Communicator::p2p_tags false: NCCL) a step runs `untagged`: it runs
+  // `untagged_schedule` (lower_untagged()'s placement of the sends and receives), each run of
+  // consecutive SEND/RECV actions one send_recv() batch, posted at its last action (batch_end),
+  // nothing posted ahead; a received tensor's batch is waited for (a stream wait on NCCL) by the
+  // action that uses it. When shapes are new, the run's ops go one by one instead, each
+  // activation's shape (int64s on the device) right before it, read back on the host by its
+  // receiver. Why that schedule cannot run ("" when it can) is kept from construction.
+  bool untagged = false;
+  pipeline::Schedule untagged_schedule;
+  std::string untagged_error;
+  std::vector<bool> batch_end;          // this rank's actions: the last of a run of SEND/RECV
+  std::vector<pipeline::Action> batch;  // the run being collected
+  std::map<std::tuple<int, int, int>, WorkPtr> arriving;  // mailbox entries of posted batches
+  std::vector<std::pair<WorkPtr, std::vector<at::Tensor>>> in_flight;  // batches of this step
   at::Tensor step_loss;
   const LossFn* loss_fn = nullptr;
   Clock::time_point step_start;
@@ -123,6 +139,9 @@ struct PipelineParallel::Impl {
   int rank_of(int stage) const { return schedule.stage_to_rank[stage]; }
 
   void partition(torch::nn::Sequential& model);
+  // Where this step's activations live: the local stages' parameters' device, else the input's
+  // (or the target's) - ranks without stage 0 may pass no input.
+  c10::Device step_device(const at::Tensor& input, const at::Tensor& target) const;
   void agree_at_construction(const std::string& local_error);
   void check_step(const at::Tensor& input, const at::Tensor& target);
   void run(const pipeline::Action& a);
@@ -130,6 +149,22 @@ struct PipelineParallel::Impl {
   void backward(Stage& st, int k, pipeline::Op op);
   void release(Stage& st, int k);
   void reduce_data_parallel();
+  // The untagged path: adds comm action `a` to the batch, and posts the batch at its last action.
+  void add_to_batch(const pipeline::Action& a, bool last);
+  void post_batch();
+  // Posts `actions` (comm actions) as one send_recv() batch, shapes first where they are new.
+  void post_ops(const std::vector<pipeline::Action>& actions);
+  // dtype, rank and sizes of `t`, stage `stage`'s output, as the shape messages carry them.
+  static std::vector<int64_t> shape_message(const at::Tensor& t, int stage);
+  int peer_of(const pipeline::Action& a) const {
+    const bool forward = a.op == pipeline::Op::kSendForward || a.op == pipeline::Op::kRecvForward;
+    const bool send = a.op == pipeline::Op::kSendForward || a.op == pipeline::Op::kSendBackward;
+    if (!send) return rank_of(a.stage);
+    return rank_of(forward ? a.stage + 1 : a.stage - 1);
+  }
+  // The mailbox's tensor for (kind, stage, k), removed: waited for when a batch brought it, and
+  // on the step's device.
+  at::Tensor take_mail(int kind, int stage, int k);
   void post_recv(int kind, int stage, int k, const at::Tensor& buffer) {
     const int peer = rank_of(stage);
     posted[{kind, stage, k}] = {comm->recv(buffer, peer, tag(kind, stage, k, 0)), buffer};

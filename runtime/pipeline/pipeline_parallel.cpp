@@ -112,6 +112,14 @@ PipelineParallel::PipelineParallel(torch::nn::Sequential model,
                                             I.options.virtual_stages);
     }
     pipeline::validate(I.schedule);
+    // Without tags the sends and receives go where lower_untagged() puts them (also for a lowered
+    // schedule of the user's: its placement suits tags); an error only at such a step.
+    try {
+      I.untagged_schedule = pipeline::lower_untagged(I.schedule);
+      pipeline::validate_untagged(I.untagged_schedule);
+    } catch (const pipeline::ScheduleError& e) {
+      I.untagged_error = e.what();
+    }
     I.schedule = pipeline::lower(I.schedule);
     if (I.schedule.num_ranks != p) {
       throw ConfigError("schedule '" + I.schedule.name + "' is for " +
@@ -140,6 +148,11 @@ PipelineParallel::PipelineParallel(torch::nn::Sequential model,
     error = e.what();
   }
   I.agree_at_construction(error);
+  if (I.untagged_error.empty()) {
+    I.batch_end.assign(I.untagged_schedule.actions[I.rank].size(), false);
+    const auto batches = pipeline::untagged_batches(I.untagged_schedule);
+    for (const auto& batch : batches[I.rank]) I.batch_end[batch.back()] = true;
+  }
 
   // Keep only this rank's layers.
   int64_t first = 0;
@@ -186,6 +199,17 @@ PipelineParallel::PipelineParallel(torch::nn::Sequential model,
 }
 
 PipelineParallel::~PipelineParallel() = default;
+
+c10::Device PipelineParallel::Impl::step_device(const at::Tensor& input,
+                                                const at::Tensor& target) const {
+  for (const auto& [s, st] : stages) {
+    for (const auto& layer : st.layers) {
+      if (!layer.params.empty()) return layer.params.front().device();
+    }
+  }
+  if (input.defined()) return input.device();
+  return target.defined() ? target.device() : c10::Device(c10::kCPU);
+}
 
 void PipelineParallel::Impl::check_step(const at::Tensor& input, const at::Tensor& target) {
   const bool first_stage = rank_of(0) == rank;
@@ -255,8 +279,13 @@ at::Tensor PipelineParallel::train_step(const at::Tensor& input, const at::Tenso
   I.step_start_abs = std::chrono::duration<double>(I.step_start.time_since_epoch()).count();
   I.mailbox.clear();
   I.posted.clear();
-  I.device = input.device();
-  if (!I.send_meta) {  // shapes known: post every activation receive now
+  I.arriving.clear();
+  I.in_flight.clear();
+  I.batch.clear();
+  I.device = I.step_device(input, target);
+  I.untagged = !I.comm->p2p_tags(I.device);
+  if (I.untagged && !I.untagged_error.empty()) throw ConfigError(I.untagged_error);
+  if (!I.send_meta && !I.untagged) {  // shapes known: post every activation receive now
     for (const Action& a : I.schedule.actions[I.rank]) {
       if (a.op != Op::kRecvForward) continue;
       const auto& [shape, dtype] = I.shape_cache.at({a.stage, a.microbatch});
@@ -277,9 +306,15 @@ at::Tensor PipelineParallel::train_step(const at::Tensor& input, const at::Tenso
   }
   double busy = 0;
   trace::Span step_span("pipeline step", trace::kPipeline);  // idle time inside = bubble
-  for (const Action& a : I.schedule.actions[I.rank]) {
+  const auto& actions = (I.untagged ? I.untagged_schedule : I.schedule).actions[I.rank];
+  for (size_t j = 0; j < actions.size(); ++j) {
+    const Action& a = actions[j];
     const auto t0 = Clock::now();
-    I.run(a);
+    if (I.untagged && pipeline::is_comm(a.op)) {
+      I.add_to_batch(a, I.batch_end[j]);
+    } else {
+      I.run(a);
+    }
     const auto t1 = Clock::now();
     if (trace::enabled()) {  // F/B/I/W are compute; sends and receives are communication
       trace::complete(pipeline::to_string(a.op), op_index(a.op) >= 0 ? trace::kCompute : trace::kComm,
@@ -297,6 +332,8 @@ at::Tensor PipelineParallel::train_step(const at::Tensor& input, const at::Tenso
     }
   }
   I.sender->drain();
+  for (auto& [work, tensors] : I.in_flight) work->wait();  // a stream wait on NCCL
+  I.in_flight.clear();
   step_span.end();
   I.last_busy = busy;
   I.last_span = seconds_between(I.step_start, Clock::now());

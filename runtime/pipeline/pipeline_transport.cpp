@@ -1,8 +1,11 @@
 // How pipeline ranks talk: the send thread, and small collectives over vectors of numbers that
 // construction, the step check and the statistics use.
 #include <ATen/ops/empty.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 
 #include <cstring>
+#include <optional>
 
 #include "runtime/pipeline/pipeline_impl.h"
 
@@ -35,10 +38,17 @@ void SendThread::send(at::Tensor tensor, int peer, uint32_t tag) {
     std::lock_guard<std::mutex> lock(mu_);
     if (error_) std::rethrow_exception(error_);
   }
-  executor_.submit([this, tensor = std::move(tensor), peer, tag] {
+  // The producer's stream: a send on a device waits for what this thread queued there.
+  std::optional<c10::Stream> producer;
+  if (!tensor.is_cpu()) {
+    producer = c10::impl::VirtualGuardImpl(tensor.device().type()).getStream(tensor.device());
+  }
+  executor_.submit([this, tensor = std::move(tensor), peer, tag, producer] {
     WorkPtr work;
     std::exception_ptr error;
     try {
+      std::optional<c10::StreamGuard> on_producer;
+      if (producer) on_producer.emplace(*producer);
       work = comm_->send(tensor, peer, tag);
     } catch (...) {
       error = std::current_exception();

@@ -21,7 +21,11 @@
 // forward and input gradients backward over the pipeline communicator with one tag per (direction,
 // stage, microbatch). Shapes and dtypes of activations are sent once, before the data, and again
 // whenever the shape or dtype of `input` changes (stage outputs must depend on the input's shape
-// only); gradients have their activation's shape. Loss: LossReduction::kMean (default) makes the
+// only); gradients have their activation's shape. Over a backend without message tags
+// (Communicator::p2p_tags false: NCCL) the sends and receives go where pipeline::lower_untagged()
+// puts them (one global order of point-to-point ops), each run of consecutive SEND/RECV actions
+// is posted as one batch (Communicator::send_recv), and nothing is received ahead; a step with
+// new shapes posts them one by one, each activation's shape right before it. Loss: LossReduction::kMean (default) makes the
 // step's loss the mean of the m microbatch losses, so with a `mean` loss function and equal
 // microbatches the gradient equals the full-batch gradient; kSum sums them. Gradients accumulate
 // into `.grad` like loss.backward() does (call zero_grad() between steps, or not, to accumulate
@@ -32,7 +36,8 @@
 // Errors: ConfigError, the same on every rank, never a hang, when ranks disagree on the schedule
 // (fingerprint), microbatch count, stage count, layer count or balance; the schedule cannot be
 // built (e.g. 1F1B with fewer microbatches than stages) or fails validate(); fewer samples than
-// microbatches; a schedule whose ranks or stages do not fit the group. Communication failures are
+// microbatches; a schedule whose ranks or stages do not fit the group; at a step without tags,
+// a schedule that fails validate_untagged(). Communication failures are
 // CommError/TimeoutError from the communicator.
 //
 // Recording: every action's start and end (steady clock, seconds from the step's start, which is a

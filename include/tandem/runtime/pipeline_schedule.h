@@ -120,6 +120,32 @@ Schedule lower(const Schedule& compute_only);
 // Throws ScheduleError: what is wrong, then grid() with the failing step marked.
 void validate(const Schedule& schedule);
 
+// ---- without message tags (NCCL) ---------------------------------------------------------------
+// A backend without message tags matches a pair's sends and receives in posting order only, and
+// an op may hold its rank's queue until the peer posts its match. lower()'s placement (a RECV
+// right before its consumer) then deadlocks some schedules (interleaved 1F1B: a rank's lone send
+// waits for a receive its peer queued behind a send of its own). PipelineParallel therefore runs
+// lower_untagged()'s placement there and posts each maximal run of consecutive SEND/RECV actions
+// of a rank as one batch (Communicator::send_recv: one NCCL group), nothing ahead of its action.
+
+// Inserts SEND/RECV actions for a backend without tags: the ranks take turns running their next
+// compute action once its inputs have arrived, and each send and its receive enter the two ranks'
+// lists at that moment. Every rank then posts its point-to-point ops in one global order, in which
+// the earliest op not done always has both sides posted: no deadlock, grouped or not, and a
+// pair's messages in one order on both sides. A lowered schedule's own SEND/RECV actions are
+// dropped and placed anew. Throws ScheduleError when no rank can go on (a malformed schedule;
+// validate() says where).
+Schedule lower_untagged(const Schedule& schedule);
+// The runs of consecutive SEND/RECV actions of a lowered schedule, per rank, as indices into
+// actions[rank]: the batches PipelineParallel posts together without tags.
+std::vector<std::vector<std::vector<int>>> untagged_batches(const Schedule& lowered);
+// validate(), then, for a lowered schedule as its actions place the sends and receives (a
+// compute-only one as lower_untagged() places them): every pair of ranks posts its messages in the
+// same order on both sides, and running the batches (each rank's in order; an op completes once
+// the batch holding its match is posted, a batch once all its ops did) cannot deadlock. Throws
+// ScheduleError naming the pair or the stuck batch, with the grid.
+void validate_untagged(const Schedule& schedule);
+
 // ---- text format --------------------------------------------------------------------------------
 // Lines (CSV; '#' starts a comment line; blank lines ignored):
 //   tandem-pipeline-schedule,1
