@@ -302,6 +302,7 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
   c10d::Store& store = *store_;
   const std::string base = prefix_ + "/e" + std::to_string(epoch_) + "/s" + std::to_string(step);
   const std::string decision_key = base + "/decision";
+  if (failure.empty()) failure = wait_for_device(decision_key);
   std::string decision;
   if (!failure.empty()) {
     decision = store.compareSet(decision_key, "", kAbort);
@@ -313,15 +314,11 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
       // Until every member is in, someone decided, a member was reported dead, or the bound.
       const auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(options_.quorum_timeout_s));
-      const int64_t dead_before = store.add(dead_prefix_ + "count", 0);
       bool any_dead = false;
       const bool settled = poll_until(deadline, [&] {
         if (has(store, decision_key)) return true;
         if (store.add(base + "/ok", 0) == size) return true;
-        if (store.add(dead_prefix_ + "count", 0) != dead_before) {
-          for (std::size_t i = 0; i < members_.size(); ++i)
-            any_dead = any_dead || reported_dead(store, dead_prefix_, id(i));
-        }
+        any_dead = member_reported_dead();
         return any_dead;
       });
       const bool all_in = settled && !any_dead && !has(store, decision_key) &&
@@ -346,6 +343,44 @@ StepOutcome FaultTolerantWorld::step(int64_t step, const std::function<void()>& 
   reform(failure.empty() ? "a peer voted to abort step " + std::to_string(step) : failure, step);
   scope.drop();
   return StepOutcome::kAborted;
+}
+
+bool FaultTolerantWorld::member_reported_dead() {
+  c10d::Store& store = *store_;
+  // One read while no death was reported since the members were last looked at; a member found
+  // dead keeps the count unseen, so it is found again until the world is re-formed without it.
+  const int64_t count = store.add(dead_prefix_ + "count", 0);
+  if (count == dead_seen_) return false;
+  for (std::size_t i = 0; i < members_.size(); ++i) {
+    if (reported_dead(store, dead_prefix_, id(i))) return true;
+  }
+  dead_seen_ = count;
+  return false;
+}
+
+std::string FaultTolerantWorld::wait_for_device(const std::string& decision_key) {
+  // On a GPU an op has not happened when its wait returned (NCCL's only orders the caller's
+  // stream), so a vote now could commit sums that a peer's death still breaks. The world's fence
+  // completes once every op of the step has (on Gloo at once: its waits blocked). It is polled
+  // beside the launcher's reports and the step's decision (a peer whose work failed votes to
+  // abort without joining a fence that is a barrier), so either is noticed as soon as in the vote.
+  try {
+    WorkPtr done = world_->fence();
+    bool any_dead = false, decided = false;
+    const bool finished = poll_until(Clock::now() + world_->timeout(), [&] {
+      if (done->is_completed()) return true;
+      any_dead = member_reported_dead();
+      decided = has(*store_, decision_key);
+      return any_dead || decided;
+    });
+    if (any_dead) return "the launcher reported a member of this epoch dead";
+    if (decided) return "a peer decided the step before this rank's collectives completed";
+    // Rethrows the fence's (or an earlier op's) error; past the bound, a TimeoutError.
+    done->wait(finished ? world_->timeout() : std::chrono::milliseconds(1));
+    return "";
+  } catch (const CommError& e) {
+    return e.what();
+  }
 }
 
 std::string FaultTolerantWorld::decide(int64_t epoch, const std::vector<std::string>& alive,

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <thread>
 
+#include "tests/support/stream_communicator.h"
 #include "tests/support/test_support.h"
 
 namespace tandem {
@@ -144,6 +145,44 @@ TEST(FaultTolerantWorld, AMemberReportedDeadIsLeftOutAtOnce) {
     at::Tensor t = at::ones({8});
     EXPECT_EQ(ft.step(1, [&] { ft.communicator()->allreduce(t)->wait(); }), StepOutcome::kCommitted);
     EXPECT_EQ(t[0].item<float>(), 2.0f);
+  });
+}
+
+// On a GPU a step's collectives have not happened when their waits return: NCCL's wait only
+// orders the caller's stream (tests/support/stream_communicator.h stands in for it: each op runs
+// 300 ms after its issue). Rank 1 dies as its all-reduce starts, after a vote cast when the work
+// returned would have committed the step everywhere. The vote waits for the step's ops to
+// complete instead, so rank 0 sees the failure and drops the step (issue 37).
+TEST(FaultTolerantWorld, AStepIsVotedOnOnlyOnceItsCollectivesCompletedOnTheDevice) {
+  testing::run_threads(2, [](int rank, c10::intrusive_ptr<c10d::Store> store) {
+    InitOptions comm;
+    Distributed d = connect(rank, 2, store, comm);
+    testing::StreamOptions o;
+    o.host_waits = false;
+    o.lag = std::chrono::milliseconds(300);
+    const std::shared_ptr<Communicator> real = d.world;
+    if (rank == 1) {
+      o.on_start = [store, real](const std::string& op) {
+        if (op != "allreduce") return;
+        store->set(std::string(kLauncherKeys) + "/dead/1.0", "killed");  // the launcher's report
+        store->add(std::string(kLauncherKeys) + "/dead/count", 1);
+        real->abort("rank 1 died");
+        throw CommError("rank 1 died");
+      };
+    }
+    d.world = testing::make_stream_communicator(d.world, o);
+    FaultTolerantWorld ft(d, comm, enabled());
+    at::Tensor t = at::ones({1000});
+    auto work = [&] { ft.communicator()->allreduce(t)->wait(); };
+    if (rank == 1) {
+      try {
+        ft.step(0, work);
+      } catch (const std::exception&) {  // it died: whatever it saw does not count
+      }
+      return;
+    }
+    EXPECT_EQ(ft.step(0, work), StepOutcome::kAborted);
+    EXPECT_EQ(ft.members(), (std::vector<int>{0}));
   });
 }
 

@@ -20,7 +20,8 @@
 //   }
 //
 // Protocol: every step ends with a vote in the rendezvous store (the launcher's, which outlives
-// any worker): each rank that finished the step's collectives counts itself in, a rank whose
+// any worker): each rank that finished the step's collectives - completed on the device, not
+// only issued: the world's fence() is waited for on the host first - counts itself in, a rank whose
 // collective failed votes to abort, and the first decision written (compare-and-set on one key)
 // is every rank's. After an abort the survivors join the next epoch; they wait for each member of
 // the last one to join or be reported dead by the launcher (or for ft.quorum_timeout_s), and for
@@ -146,6 +147,12 @@ class FaultTolerantWorld {
   [[noreturn]] void fail_group(const std::string& why);
   std::string members_text() const;
   void await_admission();
+  // Whether the launcher reported a member of this epoch dead (the members are looked at again only
+  // when its count of deaths changed).
+  bool member_reported_dead();
+  // "" once every op the step issued has completed on its device; else why it cannot (a member
+  // was reported dead, `decision_key` was written, an op failed or outlived comm.timeout_s).
+  std::string wait_for_device(const std::string& decision_key);
 
   c10::intrusive_ptr<c10d::Store> store_;
   InitOptions comm_;
@@ -164,6 +171,7 @@ class FaultTolerantWorld {
   int64_t joins_seen_ = 0;         // join requests the members have decided on
   int64_t epoch_ = 0;
   int64_t aborted_ = 0;
+  int64_t dead_seen_ = -1;         // the launcher's death count when no member was found dead
   int64_t admitted_step_ = -1;     // a replacement: the step the group admitted it at
   bool changed_ = false;           // the world changed since begin_step() last said so
   bool committed_in_epoch_ = false;
