@@ -7,6 +7,8 @@
 #include "collectives/codec_wire.h"
 
 #include <ATen/ops/full.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <ATen/ops/tensor.h>
 
 #include <algorithm>
@@ -67,10 +69,24 @@ class AutoCodec final : public GradCodec {
     if (comm.size() == 1) return kPlain;  // nothing goes on a wire
     const at::Tensor probe = at::full({kProbeBytes / 4}, 1.0f, bucket_options.dtype(at::kFloat));
     detail::CastingCommunicator cast(comm, options_.wire);
+    // What the transfer takes, not its enqueue: on a device, between two timing events on the
+    // current stream (the wait puts the op's end on it); on the host, until the op completed (a
+    // wait with a timeout blocks until then on every backend).
     auto seconds = [&](Communicator& c) {
-      const auto start = std::chrono::steady_clock::now();
+      if (probe.is_cpu()) {
+        const auto start = std::chrono::steady_clock::now();
+        c.allreduce(probe, ReduceOp::kAvg)->wait(c.timeout());
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      }
+      const c10::DeviceType type = probe.device().type();
+      const c10::impl::VirtualGuardImpl guard(type);
+      c10::Event start(type, c10::EventFlag::BACKEND_DEFAULT);
+      c10::Event end(type, c10::EventFlag::BACKEND_DEFAULT);
+      start.record(guard.getStream(probe.device()));
       c.allreduce(probe, ReduceOp::kAvg)->wait();
-      return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      end.record(guard.getStream(probe.device()));
+      end.synchronize();
+      return start.elapsedTime(end) / 1e3;  // milliseconds
     };
     double plain = std::numeric_limits<double>::infinity(), casted = plain;
     for (int round = 0; round <= kRounds; ++round) {
@@ -81,13 +97,15 @@ class AutoCodec final : public GradCodec {
     }
     // The slowest rank's figures decide, and rank 0's decision holds everywhere (even if the
     // ranks were given different options): ranks must agree on what goes on the wire.
+    // Read on the host: waited for there (a backend whose wait only orders a stream returns
+    // before the op ran).
     const at::Tensor times = at::tensor({plain, casted}, at::kDouble);
-    comm.allreduce(times, ReduceOp::kMax)->wait();
+    comm.allreduce(times, ReduceOp::kMax)->wait(comm.timeout());
     plain = times[0].item<double>();
     casted = times[1].item<double>();
     const bool pays = plain >= options_.min_speedup * casted;
     const at::Tensor verdict = at::tensor({pays ? 1 : 0}, at::kInt);
-    comm.broadcast(verdict, 0)->wait();
+    comm.broadcast(verdict, 0)->wait(comm.timeout());
     const Choice choice = verdict.item<int>() == 1 ? kCast : kPlain;
     if (comm.rank() == 0) {
       const double bus_bytes = 2.0 * (comm.size() - 1) / comm.size() * kProbeBytes;

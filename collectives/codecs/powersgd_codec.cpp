@@ -14,7 +14,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
-#include <ATen/ops/randn.h>
+#include <ATen/ops/normal.h>
 
 #include <algorithm>
 #include <vector>
@@ -171,7 +171,10 @@ class PowerSgdCodec final : public GradCodec {
         mat.q = qs.narrow(0, qo, mat.cols * mat.rank).view({mat.cols, mat.rank});
         po += mat.rows * mat.rank;
         qo += mat.cols * mat.rank;
-        at::mm_out(mat.p, as(mat.m, compute), start_q(mat, step, b.step, compute));
+      }
+      const std::vector<at::Tensor> start = start_qs(matrices, step, b.step, compute);
+      for (size_t i = 0; i < matrices.size(); ++i) {
+        at::mm_out(matrices[i].p, as(matrices[i].m, compute), start[i]);
       }
       wire.allreduce(ps, ReduceOp::kSum)->wait();
       for (Matrix& mat : matrices) {
@@ -206,12 +209,23 @@ class PowerSgdCodec final : public GradCodec {
     return t.scalar_type() == dtype ? t : t.to(dtype);
   }
 
-  // Q for this step: last step's (warm start) or a fresh one drawn from a generator every rank
-  // seeds alike (seed, parameter and, without warm start, step), orthonormalised.
-  at::Tensor start_q(const Matrix& mat, int64_t step, int64_t bucket_step,
-                     at::ScalarType compute) {
-    auto found = q_.find(mat.param);
-    if (options_.warm_start && found != q_.end()) {
+  // Q of every matrix for this step: last step's (warm start), kept on the factors' device, or a
+  // fresh one drawn from a CPU generator every rank seeds alike (seed, parameter and, without warm
+  // start, step) - the same numbers on every rank whatever its device - then copied to the device
+  // in one transfer for the whole bucket and orthonormalised there.
+  std::vector<at::Tensor> start_qs(const std::vector<Matrix>& matrices, int64_t step,
+                                   int64_t bucket_step, at::ScalarType compute) {
+    std::vector<at::Tensor> out(matrices.size());
+    std::vector<size_t> fresh;
+    int64_t fresh_elems = 0;
+    for (size_t i = 0; i < matrices.size(); ++i) {
+      const Matrix& mat = matrices[i];
+      auto found = q_.find(mat.param);
+      if (!options_.warm_start || found == q_.end()) {
+        fresh.push_back(i);
+        fresh_elems += mat.cols * mat.rank;
+        continue;
+      }
       if (found->second.sizes() != mat.q.sizes()) {
         throw ConfigError("tandem: powersgd: the saved Q factor of parameter " +
                           std::to_string(mat.param) + " has shape " +
@@ -220,19 +234,41 @@ class PowerSgdCodec final : public GradCodec {
                           ". The codec state was saved with another model or rank; resume with "
                           "the same model and powersgd rank.");
       }
-      return found->second.to(mat.q.options());
+      // A loaded Q arrives on the host: moved once, not copied at every step.
+      if (found->second.device() != mat.q.device() || found->second.scalar_type() != compute) {
+        found->second = found->second.to(mat.q.options());
+      }
+      out[i] = found->second;
     }
-    uint64_t seed = options_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(mat.param);
-    if (!options_.warm_start) seed = seed * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(step);
-    at::Generator gen = at::detail::createCPUGenerator(seed);
-    at::Tensor q = at::randn({mat.cols, mat.rank}, gen, at::TensorOptions().dtype(compute));
-    orthonormalize_columns(q);
-    q = q.to(mat.q.options());
-    if (options_.warm_start) {
-      keep_q_before(mat.param, bucket_step);
-      q_[mat.param] = q.clone();
+    if (fresh.empty()) return out;
+    // Pinned for a device: the one copy is then queued, not waited for by the host (libtorch's
+    // pinned allocator keeps the buffer until the copy is done).
+    const bool device = !matrices[fresh.front()].q.is_cpu();
+    at::Tensor host = at::empty({fresh_elems}, at::TensorOptions().dtype(compute).pinned_memory(device));
+    int64_t offset = 0;
+    for (size_t i : fresh) {
+      const Matrix& mat = matrices[i];
+      uint64_t seed = options_.seed * 0x9E3779B97F4A7C15ull + static_cast<uint64_t>(mat.param);
+      if (!options_.warm_start) seed = seed * 0xBF58476D1CE4E5B9ull + static_cast<uint64_t>(step);
+      at::Generator gen = at::detail::createCPUGenerator(seed);
+      at::Tensor q = host.narrow(0, offset, mat.cols * mat.rank).view({mat.cols, mat.rank});
+      at::normal_out(q, 0.0, 1.0, q.sizes(), gen);
+      offset += mat.cols * mat.rank;
     }
-    return q;
+    const at::Tensor copied = host.to(matrices[fresh.front()].q.options(), /*non_blocking=*/true);
+    offset = 0;
+    for (size_t i : fresh) {
+      const Matrix& mat = matrices[i];
+      at::Tensor q = copied.narrow(0, offset, mat.cols * mat.rank).view({mat.cols, mat.rank});
+      offset += mat.cols * mat.rank;
+      orthonormalize_columns(q);
+      if (options_.warm_start) {
+        keep_q_before(mat.param, bucket_step);
+        q_[mat.param] = q.clone();
+      }
+      out[i] = q;
+    }
+    return out;
   }
 
   // With undo kept: parameter `param`'s Q as it was before reducer step `step` changes it.

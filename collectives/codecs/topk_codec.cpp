@@ -11,6 +11,8 @@
 #include "collectives/codecs/stage_thread.h"
 
 #include <ATen/ops/empty.h>
+#include <ATen/ops/index_copy.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/topk.h>
 
@@ -83,8 +85,14 @@ class TopKCodec final : public GradCodec {
     const at::Tensor& m = b.buffer;
     const int64_t n = m.numel();
     if (n == 0) return;
+    int64_t entries = 0;  // the gradients' entries: the buffer less its alignment gaps
+    for (const auto& shape : b.shapes) {
+      int64_t numel = 1;
+      for (int64_t d : shape) numel *= d;
+      entries += numel;
+    }
     // The shave keeps pow()'s rounding from turning 0.1 * 1000 entries into 101.
-    const double wanted = ratio_at(step) * static_cast<double>(n) * (1 - 1e-12);
+    const double wanted = ratio_at(step) * static_cast<double>(entries) * (1 - 1e-12);
     const int64_t k = std::clamp<int64_t>(static_cast<int64_t>(std::ceil(wanted)), 1, n);
     // What is sparsified: the gradient, or gradient + residual (computed in the residual's
     // storage, which then keeps what is not sent).
@@ -103,8 +111,15 @@ class TopKCodec final : public GradCodec {
     WorkPtr value_work = wire.allgather(all_values, values);
     index_work->wait();
     value_work->wait();
+    // Each rank's pairs added in rank order: same bits on every rank and every run. Within one
+    // rank the indices are distinct, so a gather, an add and a scatter per rank need no atomics
+    // (index_add_ over all ranks at once adds duplicates in a different order each run on CUDA).
     m.zero_();
-    m.index_add_(0, all_indices.to(at::kLong), all_values);  // rank order: same bits everywhere
+    const at::Tensor longs = all_indices.to(at::kLong);
+    for (int r = 0; r < ranks; ++r) {
+      const at::Tensor idx = longs.narrow(0, r * k, k);
+      m.index_copy_(0, idx, m.index_select(0, idx).add_(all_values.narrow(0, r * k, k)));
+    }
     m.div_(ranks);
   }
 
