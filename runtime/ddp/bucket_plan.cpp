@@ -43,6 +43,23 @@ BucketPlan plan_buckets(const std::vector<int64_t>& order,
   return closed;
 }
 
+int64_t flat_alignment(c10::Device device) { return device.is_cuda() ? 256 : 64; }
+
+std::vector<int64_t> flat_layout(const std::vector<int64_t>& numels, int64_t element_size,
+                                 c10::Device device, int64_t* total) {
+  // Element sizes (1, 2, 4, 8 bytes) divide both alignments.
+  const int64_t step = std::max<int64_t>(1, flat_alignment(device) / element_size);
+  std::vector<int64_t> offsets;
+  int64_t end = 0;
+  for (int64_t n : numels) {
+    const int64_t offset = (end + step - 1) / step * step;
+    offsets.push_back(offset);
+    end = offset + n;
+  }
+  *total = end;
+  return offsets;
+}
+
 std::vector<int64_t> reverse_registration_order(int64_t n) {
   std::vector<int64_t> order(static_cast<size_t>(std::max<int64_t>(n, 0)));
   for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(order.size() - 1 - i);

@@ -38,17 +38,20 @@ void ReducerState::build(const BucketPlan& plan) {
   for (size_t b = 0; b < plan.size(); ++b) {
     Bucket bucket;
     bucket.grads.index = static_cast<int64_t>(b);
-    int64_t total = 0;
-    for (int64_t p : plan[b]) {
-      bucket.grads.param_indices.push_back(p);
-      bucket.grads.offsets.push_back(total);
-      bucket.grads.shapes.push_back(params[p].sizes().vec());
-      location[p] = {static_cast<int64_t>(b), static_cast<int64_t>(bucket.grads.offsets.size() - 1)};
-      total += params[p].numel();
-    }
     const int64_t first = plan[b].front();
-    bucket.grads.buffer =
-        at::zeros({total}, params[first].options().dtype(bucket_dtype(first)).requires_grad(false));
+    const at::TensorOptions options =
+        params[first].options().dtype(bucket_dtype(first)).requires_grad(false);
+    std::vector<int64_t> numels;
+    for (int64_t p : plan[b]) {
+      location[p] = {static_cast<int64_t>(b), static_cast<int64_t>(numels.size())};
+      numels.push_back(params[p].numel());
+      bucket.grads.param_indices.push_back(p);
+      bucket.grads.shapes.push_back(params[p].sizes().vec());
+    }
+    int64_t total = 0;
+    bucket.grads.offsets = flat_layout(numels, static_cast<int64_t>(options.dtype().itemsize()),
+                                       params[first].device(), &total);
+    bucket.grads.buffer = at::zeros({total}, options);  // the gaps stay zero
     buckets.push_back(std::move(bucket));
   }
   for (size_t p = 0; p < params.size(); ++p) {

@@ -30,6 +30,15 @@ void point_parameters_at(const FlatUnit& unit, std::vector<at::Tensor>& params,
 
 }  // namespace
 
+void FlatUnit::zero_padding(const at::Tensor& flat, const std::vector<at::Tensor>& params) const {
+  int64_t end = 0;
+  for (size_t k = 0; k <= this->params.size(); ++k) {
+    const int64_t next = k < this->params.size() ? offsets[k] : flat.numel();
+    if (next > end) flat.narrow(0, end, next - end).zero_();
+    if (k < this->params.size()) end = offsets[k] + params[this->params[k]].numel();
+  }
+}
+
 void allocate_storage(FlatUnit& unit, std::vector<at::Tensor>& params) {
   c10::StorageImpl* storage = unit.flat.storage().unsafeGetStorageImpl();
   const size_t nbytes = unit.flat.nbytes();

@@ -1,5 +1,6 @@
-// Internal: one unit of ShardedDataParallel - parameters laid out back to back in a flat buffer
-// that is split evenly over the shard group - and the storage tricks that let stage 3 free and
+// Internal: one unit of ShardedDataParallel - parameters laid out in order in a flat buffer, each
+// as aligned as a tensor of its own (bucket_plan.h's flat_layout), that is split evenly over the
+// shard group - and the storage tricks that let stage 3 free and
 // re-create that buffer under the parameters without changing their identity.
 #pragma once
 
@@ -18,8 +19,9 @@ struct FlatUnit {
   std::string name;             // "block3", "bucket 2", "(root)"
   std::vector<int64_t> params;  // indices into the model's trainable parameters, in flat order
   std::vector<int64_t> offsets; // element offset of each in the flat buffer
-  int64_t numel = 0;            // sum of the parameters' numels (the flat buffer without padding)
-  int64_t shard_numel = 0;      // S: ceil(numel / group size); the flat buffer holds S * group
+  int64_t numel = 0;            // the end of the last parameter (alignment gaps included)
+  int64_t shard_numel = 0;      // S: ceil(numel / group size), rounded up to flat_alignment
+                                // elements; the flat buffer holds S * group
   at::TensorOptions options;    // dtype and device of every parameter of the unit (as computed)
   at::TensorOptions master_options;  // of `shard`: float32 under mixed precision, else `options`
   at::TensorOptions grad_options;    // of `grad_flat`: the dtype gradients are reduced in
@@ -57,6 +59,9 @@ struct FlatUnit {
 
   int64_t bytes() const { return numel * static_cast<int64_t>(options.dtype().itemsize()); }
   int64_t padded_numel(int group) const { return shard_numel * group; }
+  // Zeroes the elements of `flat` (a buffer laid out as this unit's) that hold no parameter: the
+  // alignment gaps and the tail. `params`: the model's trainable parameters.
+  void zero_padding(const at::Tensor& flat, const std::vector<at::Tensor>& params) const;
 };
 
 // Stage 3. free_storage() takes `unit.flat`'s memory away in place and points the unit's

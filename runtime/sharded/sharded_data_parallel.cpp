@@ -249,8 +249,25 @@ std::vector<at::Tensor> ShardedDataParallelCore::parameters() const {
 }
 
 double ShardedDataParallelCore::clip_grad_norm(double max_norm, double norm_type) {
-  // Replicas hold identical shards (hybrid): the shard group alone covers every element once.
-  return tandem::clip_grad_norm(parameters(), max_norm, norm_type, state_->shard_comm.get());
+  // The norm of each parameter's slice of the shards' gradients, in the model's parameter order:
+  // at world 1 the partition and order of the plain model's own clip_grad_norm, so the same bits
+  // (a norm taken over whole shards rounds differently, and under fp16 a last-bit difference of
+  // the clipping factor grows into another trajectory). Replicas hold identical shards (hybrid):
+  // the shard group alone covers every element once.
+  const State& s = *state_;
+  std::vector<at::Tensor> by_param(s.params.size());
+  for (const auto& u : s.units) {
+    if (u.numel == 0 || !u.shard.grad().defined()) continue;
+    const at::Tensor& grad = u.shard.grad();
+    const int64_t lo = static_cast<int64_t>(s.shard_rank()) * u.shard_numel;
+    const int64_t hi = lo + u.shard_numel;
+    for (size_t k = 0; k < u.params.size(); ++k) {
+      const int64_t a = std::max(lo, u.offsets[k]);
+      const int64_t b = std::min(hi, u.offsets[k] + s.params[u.params[k]].numel());
+      if (a < b) by_param[u.params[k]] = grad.narrow(0, a - lo, b - a);
+    }
+  }
+  return tandem::clip_gradients(by_param, max_norm, norm_type, state_->shard_comm.get());
 }
 
 void ShardedDataParallelCore::gather_parameters() {

@@ -3,6 +3,7 @@
 #include "runtime/sharded/sharded_state.h"
 
 #include <tandem/base/errors.h>
+#include <tandem/runtime/bucket_plan.h>
 #include <tandem/runtime/reducer.h>
 
 #include "runtime/rank_agreement.h"
@@ -120,10 +121,13 @@ void State::lay_out(detail::FlatUnit& u) {
                         names[u.params[k]] + "', or another device). A unit is one flat buffer "
                         "of one dtype on one device: split it into ShardedUnits of one dtype.");
     }
-    u.offsets.push_back(u.numel);
-    u.numel += p.numel();
   }
   if (u.params.empty()) return;
+  std::vector<int64_t> numels;
+  for (int64_t p : u.params) numels.push_back(params[p].numel());
+  const c10::Device device = params[u.params.front()].device();
+  u.offsets = flat_layout(numels, static_cast<int64_t>(u.options.dtype().itemsize()), device,
+                          &u.numel);
   u.master_options = u.options;
   u.grad_options = u.options;
   if (mixed.enabled()) {
@@ -136,7 +140,10 @@ void State::lay_out(detail::FlatUnit& u) {
     }
     u.grad_options = u.options.dtype(mixed.reduce_dtype());
   }
-  u.shard_numel = (u.numel + n - 1) / n;
+  // Every shard starts aligned too (the optimizer's kernels run over it): a multiple of
+  // flat_alignment elements is aligned in every dtype a shard is held in.
+  const int64_t align = flat_alignment(device);
+  u.shard_numel = ((u.numel + n - 1) / n + align - 1) / align * align;
   torch::autograd::AutoGradMode no_grad(false);
   u.flat = at::zeros({u.padded_numel(n)}, u.options);
   for (size_t k = 0; k < u.params.size(); ++k) {

@@ -121,7 +121,7 @@ void State::reduce(int u) {
     while (reduce_finished + 1 < reduce_next) finish_reduce(reduce_order[reduce_finished++]);
     // The full gradients exist only until this reduce-scatter is done.
     unit.grad_flat = at::empty({unit.padded_numel(n)}, unit.grad_options);
-    if (unit.padded_numel(n) > unit.numel) unit.grad_flat.narrow(0, unit.numel, unit.padded_numel(n) - unit.numel).zero_();
+    unit.zero_padding(unit.grad_flat, params);
     for (size_t k = 0; k < unit.params.size(); ++k) {
       at::Tensor& grad = params[unit.params[k]].mutable_grad();
       at::Tensor slot = unit.grad_flat.narrow(0, unit.offsets[k], params[unit.params[k]].numel());

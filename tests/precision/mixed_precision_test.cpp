@@ -31,24 +31,24 @@ DistributedDataParallelOptions bf16(bool reduce_in_fp32 = true) {
   return o;
 }
 
-// The fp32 masters of a sharded model, all-gathered, one tensor per parameter in model order.
+// The fp32 masters of a sharded model (or tensors shaped like them: sdp.parameters()), whole on
+// every rank, one tensor per parameter in model order: each rank's slices of each parameter
+// (slices_of: a unit's parameters sit at aligned offsets in its flat buffer), summed over the
+// ranks into zeros (each element is in one rank's slice only, so the sum is its value).
 template <class Sharded>
 std::vector<at::Tensor> gathered_masters(Sharded& sdp, torch::nn::Module& model, Communicator& comm) {
   std::map<std::string, at::Tensor> full;
   const auto named = model.named_parameters();
-  const auto shards = sdp.parameters();
-  for (size_t u = 0; u < shards.size(); ++u) {
-    at::Tensor all = at::empty({shards[u].numel() * comm.size()}, shards[u].options());
-    comm.allgather(all, shards[u].detach().contiguous())->wait();
-    int64_t offset = 0;  // a unit's parameters lie back to back in its flat buffer
-    for (const auto& name : sdp.core().unit_parameter_names(u)) {
-      const int64_t n = named[name].numel();
-      full[name] = all.narrow(0, offset, n).view(named[name].sizes());
-      offset += n;
-    }
+  for (const auto& p : named) full[p.key()] = at::zeros({p.value().numel()}, at::kFloat);
+  for (const auto& s : sdp.core().slices_of(sdp.parameters())) {
+    if (s.end > s.begin) full.at(s.name).narrow(0, s.begin, s.end - s.begin).copy_(s.data.reshape({-1}));
   }
   std::vector<at::Tensor> out;
-  for (const auto& p : named) out.push_back(full.at(p.key()));
+  for (const auto& p : named) {
+    at::Tensor t = full.at(p.key());
+    comm.allreduce(t)->wait();
+    out.push_back(t.view(p.value().sizes()));
+  }
   return out;
 }
 

@@ -129,13 +129,71 @@ TEST(DataParallelSeam, StageZeroShardsNothingAndRefusesAGroupSize) {
     ShardingOptions sharding;
     sharding.stage = 0;
     ShardedDataParallel sdp(model, borrow(comm), sharding, small_buckets());
-    int64_t shard_elements = 0, model_elements = 0;
-    for (const auto& s : sdp.parameters()) shard_elements += s.numel();
-    for (const auto& p : model->parameters()) model_elements += p.numel();
-    EXPECT_EQ(shard_elements, model_elements) << "stage 0 must give the optimizer everything";
+    // The optimizer gets every element of every parameter (and the alignment gaps between them).
+    for (const auto& slice : sdp.core().parameter_slices()) {
+      int64_t numel = 1;
+      for (int64_t d : slice.shape) numel *= d;
+      EXPECT_EQ(slice.begin, 0) << slice.name;
+      EXPECT_EQ(slice.end, numel) << slice.name << ": stage 0 must give the optimizer everything";
+    }
     sharding.group_size = 2;
     EXPECT_THROW(ShardedDataParallel(spare, borrow(comm), sharding), ConfigError);
   });
+}
+
+// Odd-sized parameters in one flat buffer: each view starts where a tensor of its own would
+// (64 bytes on the CPU, 256 on CUDA), under DistributedDataParallel (gradients in its buckets)
+// and every sharding stage (parameters in units, each shard too). Kernels choose code paths by
+// pointer alignment, so a misaligned view can give other bits than the plain model (issue 37).
+struct OddImpl : torch::nn::Module {
+  OddImpl() {
+    torch::manual_seed(5);
+    a = register_module("a", torch::nn::Linear(7, 5));   // 35 + 5 floats: no multiple of 16
+    b = register_module("b", torch::nn::Linear(5, 3));
+    c = register_parameter("c", torch::randn({3}));
+  }
+  at::Tensor forward(const at::Tensor& x) { return b(torch::relu(a(x))) * c; }
+  torch::nn::Linear a{nullptr}, b{nullptr};
+  at::Tensor c;
+};
+
+std::string misaligned(const std::string& what, const at::Tensor& t) {
+  const auto address = reinterpret_cast<std::uintptr_t>(t.data_ptr());
+  return address % 64 == 0 ? "" : what + " starts at " + std::to_string(address % 64) +
+                                      " bytes past a 64-byte boundary\n";
+}
+
+TEST(DataParallelSeam, EveryParameterViewInAFlatBufferIsAlignedAsATensorOfItsOwn) {
+  for (int stage : {kDistributedDataParallel, 0, 1, 2, 3}) {
+    std::vector<std::shared_ptr<OddImpl>> models = {std::make_shared<OddImpl>(),
+                                                    std::make_shared<OddImpl>()};
+    std::vector<std::string> problems(2);
+    run_ranks(2, [&](Communicator& comm) {
+      auto model = models[comm.rank()];
+      std::string& found = problems[comm.rank()];
+      const at::Tensor x = at::ones({4, 7});
+      auto check = [&](auto& wrapper) {
+        wrapper(x).sum().backward();
+        for (const auto& p : model->named_parameters()) {
+          if (stage != 3) found += misaligned(p.key(), p.value());
+          if (p.value().grad().defined()) found += misaligned(p.key() + ".grad", p.value().grad());
+        }
+        for (size_t i = 0; i < wrapper.parameters().size(); ++i) {
+          found += misaligned("optimizer tensor " + std::to_string(i), wrapper.parameters()[i]);
+        }
+      };
+      if (stage == kDistributedDataParallel) {
+        DistributedDataParallel wrapper(model, borrow(comm), small_buckets());
+        check(wrapper);
+      } else {
+        ShardingOptions sharding;
+        sharding.stage = stage;
+        ShardedDataParallel wrapper(model, borrow(comm), sharding, small_buckets());
+        check(wrapper);
+      }
+    });
+    EXPECT_EQ(problems[0] + problems[1], "") << "stage " << stage;
+  }
 }
 
 }  // namespace

@@ -354,10 +354,14 @@ TEST_P(DistributedDataParallelWorlds, CodecSeesEveryBucketEveryStepAndAveragingS
           EXPECT_EQ(c.params, plan[i]) << where;
           ASSERT_EQ(c.offsets.size(), c.params.size()) << where;
           ASSERT_EQ(c.shapes.size(), c.params.size()) << where;
+          // Each parameter at the first offset after the one before that is as aligned as a
+          // CPU tensor of its own (64 bytes).
           int64_t offset = 0;
+          const int64_t aligned = 64 / static_cast<int64_t>(c.buffer.element_size());
           for (size_t k = 0; k < c.params.size(); ++k) {
             const at::Tensor& p = params.at(c.params[k]);
             ++seen[c.params[k]];
+            offset = (offset + aligned - 1) / aligned * aligned;
             EXPECT_EQ(c.offsets[k], offset) << where;
             EXPECT_EQ(c.shapes[k], p.sizes().vec()) << where;
             EXPECT_EQ(c.buffer.scalar_type(), p.scalar_type()) << where;

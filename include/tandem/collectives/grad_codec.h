@@ -43,7 +43,9 @@ struct GradBucket {
   int64_t index = 0;       // position in the current bucket plan (changes at the rebuild)
   at::Tensor buffer;       // flat, contiguous gradients of one dtype; reduced in place
   std::vector<int64_t> param_indices;             // stable keys, in buffer order
-  std::vector<int64_t> offsets;                   // element offset of each parameter in buffer
+  // Element offset of each parameter in buffer, aligned as a tensor of its own would be
+  // (bucket_plan.h's flat_layout): the elements between parameters belong to none and are zero.
+  std::vector<int64_t> offsets;
   std::vector<std::vector<int64_t>> shapes;       // each parameter's shape
   int64_t step = 0;        // synchronised steps completed before this one
 };

@@ -8,10 +8,14 @@
 //
 // Ownership: pure functions over their arguments; plans are plain values the caller owns.
 // Thread-safety: thread-safe (no shared state).
+// Layout: flat_layout() places the parameters of one bucket (or sharded unit) in its flat buffer,
+// each at an offset as aligned as a tensor of its own would be.
+//
 // Errors: check_bucket_plan() throws ConfigError saying which bucket or parameter is wrong;
 // plan_buckets() throws std::out_of_range when `order` names a parameter `dtypes`/`bytes` lack.
 #pragma once
 
+#include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
@@ -30,6 +34,20 @@ BucketPlan plan_buckets(const std::vector<int64_t>& order,
                         const std::vector<at::ScalarType>& dtypes,
                         const std::vector<int64_t>& bytes, int64_t first_cap_bytes,
                         int64_t cap_bytes);
+
+// The byte alignment of a parameter's view in a flat buffer on `device`: what its allocator gives
+// a tensor of its own (256 bytes on CUDA, as libtorch's caching allocator; 64 elsewhere, c10's
+// CPU alignment). Kernels pick code paths by pointer alignment (cuBLAS, vectorised loads), so a
+// wrapped model's views must be as aligned as the plain model's tensors to run the same kernels
+// and give the same bits.
+int64_t flat_alignment(c10::Device device);
+
+// Element offsets of tensors of `numels` elements of `element_size` bytes laid out in that order
+// in one flat buffer on `device`, each rounded up to flat_alignment(device), and the buffer's
+// numel in `*total` (the end of the last tensor, not rounded). The gaps hold no tensor: a buffer
+// starts zeroed, and whoever rebuilds one zeroes them.
+std::vector<int64_t> flat_layout(const std::vector<int64_t>& numels, int64_t element_size,
+                                 c10::Device device, int64_t* total);
 
 // The order backward usually produces gradients in: reverse registration, n-1 down to 0.
 std::vector<int64_t> reverse_registration_order(int64_t n);
