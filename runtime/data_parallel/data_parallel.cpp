@@ -46,10 +46,14 @@ void check_parameter_devices(const std::vector<at::Tensor>& params,
   }
 }
 
-bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm) {
+bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm,
+                  c10::Device device) {
   if (overlap != DistributedDataParallelOptions::Overlap::kAuto) {
     return overlap == DistributedDataParallelOptions::Overlap::kOn;
   }
+  // On a GPU the backward's kernels need no host core: NCCL's stream, or Gloo's host threads for
+  // staged tensors, run beside them.
+  if (!device.is_cpu()) return true;
   const unsigned cores = std::thread::hardware_concurrency();
   const char* local = std::getenv("LOCAL_WORLD_SIZE");  // the launcher contract (dist_env.h)
   const int ranks_here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : comm.size();

@@ -49,7 +49,8 @@ Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
   s.names = std::move(names);
   s.comm = std::move(comm);
   s.options = options;
-  s.overlap = overlap_pays(options.overlap, *s.comm);
+  const c10::Device device = s.params.empty() ? c10::Device(c10::kCPU) : s.params[0].device();
+  s.overlap = overlap_pays(options.overlap, *s.comm, device);
   if (options.mixed_precision.enabled()) s.reduce_dtype = options.mixed_precision.reduce_dtype();
   s.codec = options.codec ? options.codec : make_average_codec();
   s.locally_used.assign(s.params.size(), 0);

@@ -369,5 +369,25 @@ TEST(DistributedDataParallelEdge, WithoutOverlapTheGradientsAreBitwiseTheSame) {
   for (size_t i = 0; i < grads[0].size(); ++i) EXPECT_TRUE(at::equal(grads[0][i], grads[1][i])) << i;
 }
 
+// ddp.overlap=auto keeps the CPU heuristic (a spare core per rank) for CPU models only: a model on
+// a GPU always overlaps, whatever the host's cores (issue 37: it was switched off over NCCL too).
+TEST(DistributedDataParallelEdge, AutoOverlapAlwaysOverlapsOnAGpuAndAsksForASpareCoreOnTheCpu) {
+  using Overlap = DistributedDataParallelOptions::Overlap;
+  run_ranks(1, [&](Communicator& comm) {
+    const c10::Device cuda(c10::kCUDA, 0), cpu(c10::kCPU);
+    EXPECT_TRUE(overlap_pays(Overlap::kAuto, comm, cuda));
+    EXPECT_FALSE(overlap_pays(Overlap::kOff, comm, cuda));
+    EXPECT_TRUE(overlap_pays(Overlap::kOn, comm, cpu));
+    // More compute threads than cores: no core is left for communication on the CPU.
+    const int threads = at::get_num_threads();
+    at::set_num_threads(static_cast<int>(std::thread::hardware_concurrency()) + 1);
+    const bool cpu_pays = overlap_pays(Overlap::kAuto, comm, cpu);
+    const bool cuda_pays = overlap_pays(Overlap::kAuto, comm, cuda);
+    at::set_num_threads(threads);
+    EXPECT_FALSE(cpu_pays);
+    EXPECT_TRUE(cuda_pays);
+  });
+}
+
 }  // namespace
 }  // namespace tandem

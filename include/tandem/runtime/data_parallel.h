@@ -41,10 +41,11 @@ struct DistributedDataParallelOptions {
   // They are plain tensors, so optimizers' zero_grad() works; set false to keep separate .grad.
   bool gradient_as_bucket_view = true;
   bool broadcast_buffers = true;         // rank 0's buffers to all ranks before each forward
-  // ddp.overlap: reduce buckets while backward runs (kOn), after it (kOff), or kAuto: overlap
-  // only when this host has a core to spare for communication (LOCAL_WORLD_SIZE x compute threads
-  // < cores); without one, overlapped communication steals the compute's cores and costs more
-  // than it hides (bench data_parallel on 2 cores).
+  // ddp.overlap: reduce buckets while backward runs (kOn), after it (kOff), or kAuto: always for
+  // a model on a GPU (the reduction runs on a stream or host threads the GPU's compute does not
+  // need); for a CPU model only when this host has a core to spare for communication
+  // (LOCAL_WORLD_SIZE x compute threads < cores): without one, overlapped communication steals
+  // the compute's cores and costs more than it hides (bench data_parallel on 2 cores).
   enum class Overlap { kAuto, kOn, kOff };
   Overlap overlap = Overlap::kAuto;
   std::shared_ptr<GradCodec> codec;      // null: average all-reduce
@@ -68,9 +69,11 @@ void check_parameter_devices(const std::vector<at::Tensor>& params,
                              const std::vector<std::string>& names,
                              const DistributedDataParallelOptions& options, const char* who);
 
-// ddp.overlap resolved for `comm`: kAuto overlaps only when this host has a core to spare for
-// communication (LOCAL_WORLD_SIZE x compute threads < cores).
-bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm);
+// ddp.overlap resolved for gradients on `device` reduced over `comm`: kAuto overlaps on any
+// device but the CPU, and on the CPU only when this host has a core to spare for communication
+// (LOCAL_WORLD_SIZE x compute threads < cores).
+bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communicator& comm,
+                  c10::Device device);
 
 // Gradient accumulation under either wrapper (see the top of this file).
 class NoSyncGuard {
