@@ -1,8 +1,10 @@
 // DistributedDataParallel and ShardedDataParallel stages 1-3 on a GPU end bitwise where the plain
-// loop ends after 30 AdamW steps, for models of 10 M and 134 M parameters: at world 1 over NCCL,
-// and at world 2 on the one GPU as two threads over Gloo, which stages CUDA tensors through host
-// memory. The same kernels run on the same values in the same order on both sides (the world-2
-// average is one fp32 addition and a halving, exact in any order), so nothing may differ.
+// loop ends after 30 AdamW steps, for models of 10 M and 134 M parameters and one whose widths
+// are no multiple of 64 (the wrappers' flat buffers must align each parameter as a tensor of its
+// own, or cuBLAS runs other kernels): at world 1 over NCCL, and at world 2 as two processes on
+// the one GPU over Gloo, which stages CUDA tensors through host memory. The same kernels run on
+// the same values in the same order on both sides (the world-2 average is one fp32 addition and a
+// halving, exact in any order), so nothing may differ.
 #include "tests/gpu/gpu_trainer.h"
 
 #include <gtest/gtest.h>
@@ -42,7 +44,7 @@ TEST_P(Equivalence, ThirtyAdamWStepsEndBitwiseWhereThePlainLoopEnds) {
 
 std::vector<Case> cases() {
   std::vector<Case> all;
-  for (const ModelSize& size : {k10M, k130M}) {
+  for (const ModelSize& size : {k10M, k130M, kOdd}) {
     for (int world : {1, 2}) {
       for (Wrapper w : {Wrapper::kDdp, Wrapper::kZero1, Wrapper::kZero2, Wrapper::kZero3}) {
         all.push_back({size, world, w});

@@ -1,5 +1,6 @@
 // The model and data of the gpu tests: an MLP of width x width Linear layers whose hidden layers
-// are ShardedUnits (stage 3 gathers one layer at a time), at the two sizes issue 26 names, with
+// are ShardedUnits (stage 3 gathers one layer at a time), at the two sizes issue 26 names and one
+// whose widths are no multiple of 64 (issue 37), with
 // optional dropout and activation checkpointing; batches drawn on the CPU from generators of
 // their own, so every run, thread and device sees the same samples.
 #pragma once
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -22,16 +24,26 @@ namespace tandem::gpu_test {
 
 struct ModelSize {
   const char* name;
-  // Every layer is Linear(width, width). A multiple of 64, so that each parameter's offset in a
-  // wrapper's flat buffer stays 256-byte aligned: cuBLAS picks kernels by pointer alignment, and
-  // the plain loop's own tensors are aligned, so both sides must run the same kernels.
-  int64_t width;
-  int hidden;  // hidden layers between the input and the output layer
+  int64_t width;  // every layer is Linear(width, width)
+  int hidden;     // hidden layers between the input and the output layer
 };
 // 10 x Linear(1024, 1024): 10,496,000 parameters.
 inline constexpr ModelSize k10M{"10M", 1024, 8};
 // 8 x Linear(4096, 4096): 134,250,496 parameters.
 inline constexpr ModelSize k130M{"130M", 4096, 6};
+// 4 x Linear(1000, 1000): a bias of 1000 floats (4000 bytes) puts the next parameter 160 bytes
+// past a 256-byte boundary unless the wrappers' flat buffers pad it. cuBLAS picks kernels by
+// pointer alignment and the plain loop's own tensors are aligned, so without the padding both
+// sides would run other kernels and differ in bits (issue 37).
+inline constexpr ModelSize kOdd{"odd", 1000, 2};
+
+// The size named `name` (one of the above); std::invalid_argument otherwise.
+inline const ModelSize& model_size(const std::string& name) {
+  for (const ModelSize* s : {&k10M, &k130M, &kOdd}) {
+    if (name == s->name) return *s;
+  }
+  throw std::invalid_argument("no model size '" + name + "' (10M, 130M, odd)");
+}
 
 struct ModelOptions {
   double dropout = 0;          // after every hidden layer's ReLU

@@ -1,5 +1,6 @@
 #include "tests/gpu/gpu_test_util.h"
 
+#include <ATen/Parallel.h>
 #include <torch/cuda.h>
 
 #include <algorithm>
@@ -26,6 +27,9 @@ void GpuTest::SetUp() {
   if (!cpu_rehearsal() && !torch::cuda::is_available()) {
     GTEST_SKIP() << "no CUDA device (torch::cuda::is_available() is false)";
   }
+  // The rank processes run one thread each (tandemrun's OMP_NUM_THREADS=1): so does the CPU
+  // reference here, so that no reduction is split differently.
+  if (cpu_rehearsal()) at::set_num_threads(1);
 }
 
 Distributed nccl_world_of_one() {

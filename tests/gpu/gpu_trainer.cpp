@@ -1,11 +1,17 @@
 #include "tests/gpu/gpu_trainer.h"
 
-#include "tests/sharded/sharded_test_util.h"  // borrow()
-#include "tests/support/test_support.h"
+#include "tests/launcher/tandemrun_process.h"
 
 #include <tandem/checkpoint/format.h>
 #include <tandem/runtime/grad_norm.h>
 
+#include <CLI/CLI.hpp>
+#include <torch/serialize.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
 #include <stdexcept>
 
 namespace tandem::gpu_test {
@@ -173,15 +179,142 @@ void Trainer::register_checkpoint(CheckpointManager& ckpt) {
   if (scaler_) scaler_->register_checkpoint(ckpt, "scaler");
 }
 
+namespace {
+
+Wrapper parse_wrapper(const std::string& name) {
+  for (Wrapper w : {Wrapper::kPlain, Wrapper::kDdp, Wrapper::kZero1, Wrapper::kZero2, Wrapper::kZero3}) {
+    if (name == wrapper_name(w)) return w;
+  }
+  throw std::invalid_argument("no wrapper '" + name + "'");
+}
+
+std::string dtype_name(at::ScalarType t) { return c10::toString(t); }
+
+std::string exact(double v) {  // reads back to the same bits
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+at::ScalarType parse_dtype(const std::string& name) {
+  for (at::ScalarType t : {at::kFloat, at::kHalf, at::kBFloat16}) {
+    if (name == c10::toString(t)) return t;
+  }
+  throw std::invalid_argument("no dtype '" + name + "' (Float, Half, BFloat16)");
+}
+
+// One rank's outcome in DIR/rank<R>.pt (the slices' data) and .txt (everything else: a line
+// "norms <n> v...", "stepped <n> b...", then "slice <name> <numel> <begin>" per slice).
+void save_rank(const std::string& dir, int rank, const Trainer& t) {
+  const std::string base = dir + "/rank" + std::to_string(rank);
+  std::vector<at::Tensor> data;
+  std::ofstream index(base + ".txt");
+  index.precision(17);
+  index << "norms " << t.norms().size();
+  for (double n : t.norms()) index << " " << n;
+  index << "\nstepped " << t.stepped().size();
+  for (bool b : t.stepped()) index << " " << (b ? 1 : 0);
+  index << "\n";
+  for (const auto& m : t.masters()) {
+    index << "slice " << m.name << " " << m.numel << " " << m.begin << "\n";
+    data.push_back(m.data.cpu());
+  }
+  torch::save(data, base + ".pt");
+  if (!index.good()) throw std::runtime_error("cannot write " + base + ".txt");
+}
+
+struct RankOutcome {
+  std::vector<MasterSlice> slices;
+  std::vector<double> norms;
+  std::vector<bool> stepped;
+};
+
+RankOutcome load_rank(const std::string& dir, int rank) {
+  const std::string base = dir + "/rank" + std::to_string(rank);
+  std::ifstream index(base + ".txt");
+  if (!index) throw std::runtime_error("rank " + std::to_string(rank) + " left no " + base + ".txt");
+  RankOutcome out;
+  std::string word;
+  size_t n = 0;
+  index >> word >> n;
+  out.norms.resize(n);
+  for (auto& v : out.norms) index >> v;
+  index >> word >> n;
+  for (size_t i = 0; i < n; ++i) {
+    int b = 0;
+    index >> b;
+    out.stepped.push_back(b != 0);
+  }
+  std::vector<at::Tensor> data;
+  torch::load(data, base + ".pt");
+  for (const at::Tensor& d : data) {
+    MasterSlice m;
+    index >> word >> m.name >> m.numel >> m.begin;
+    m.data = d.to(test_device());
+    out.slices.push_back(std::move(m));
+  }
+  if (!index) throw std::runtime_error(base + ".txt does not match " + base + ".pt");
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> recipe_args(const Recipe& r, Wrapper wrapper) {
+  return {"--size", r.size.name, "--wrapper", wrapper_name(wrapper),
+          "--dropout", exact(r.model.dropout),
+          "--checkpointed", r.model.checkpointed ? "1" : "0",
+          "--replay-rng", r.model.replay_rng ? "1" : "0",
+          "--steps", std::to_string(r.steps), "--rows", std::to_string(r.rows),
+          "--param-dtype", dtype_name(r.param_dtype), "--scaler", r.scaler ? "1" : "0",
+          "--growth-interval", std::to_string(r.growth_interval),
+          "--autocast", dtype_name(r.autocast), "--clip", exact(r.clip),
+          "--seed", std::to_string(r.seed)};
+}
+
+int rank_worker_main(int argc, char** argv) {
+  CLI::App app("one rank of a gpu test's world (tests/gpu/gpu_trainer.h)");
+  std::string out, size = "10M", wrapper = "ddp", param_dtype = "Float", autocast = "Float";
+  Recipe r;
+  app.add_option("--out", out)->required();
+  app.add_option("--size", size);
+  app.add_option("--wrapper", wrapper);
+  app.add_option("--dropout", r.model.dropout);
+  app.add_option("--checkpointed", r.model.checkpointed);
+  app.add_option("--replay-rng", r.model.replay_rng);
+  app.add_option("--steps", r.steps);
+  app.add_option("--rows", r.rows);
+  app.add_option("--param-dtype", param_dtype);
+  app.add_option("--scaler", r.scaler);
+  app.add_option("--growth-interval", r.growth_interval);
+  app.add_option("--autocast", autocast);
+  app.add_option("--clip", r.clip);
+  app.add_option("--seed", r.seed);
+  CLI11_PARSE(app, argc, argv);
+  try {
+    r.size = model_size(size);
+    r.param_dtype = parse_dtype(param_dtype);
+    r.autocast = parse_dtype(autocast);
+    InitOptions options = InitOptions::from_env();
+    options.backend = "gloo";  // several ranks on one GPU: NCCL refuses them; Gloo stages CUDA
+    Distributed dist = init(options);
+    if (std::getenv("TANDEM_GPU_TEST_CPU") != nullptr) at::set_num_threads(1);
+    Trainer t(r, parse_wrapper(wrapper), make_net(r.size, r.seed, r.model), dist.world,
+              dist.world->size());
+    for (int s = 0; s < r.steps; ++s) t.step(s);
+    save_rank(out, dist.world->rank(), t);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpu_rank_worker: %s\n", e.what());
+    return 1;
+  }
+}
+
 RunResult train(const Recipe& recipe, Wrapper wrapper, int world) {
   if (recipe.model.dropout > 0 && world != 1) {
-    throw std::invalid_argument("train: dropout needs world 1 (threads share one CUDA generator)");
+    throw std::invalid_argument("train: dropout needs world 1 (the plain loop draws every "
+                                "rank's masks from one generator)");
   }
   RunResult result;
-  auto collect = [&](const Trainer& t) {
-    result.norms = t.norms();
-    result.stepped = t.stepped();
-  };
   if (wrapper == Wrapper::kPlain || world == 1) {
     auto model = make_net(recipe.size, recipe.seed, recipe.model);
     Distributed dist;
@@ -189,18 +322,32 @@ RunResult train(const Recipe& recipe, Wrapper wrapper, int world) {
     Trainer t(recipe, wrapper, model, dist.world, world);
     for (int s = 0; s < recipe.steps; ++s) t.step(s);
     result.masters = assemble({t.masters()});
-    collect(t);
+    result.norms = t.norms();
+    result.stepped = t.stepped();
     return result;
   }
-  std::vector<std::shared_ptr<NetImpl>> models;
-  for (int r = 0; r < world; ++r) models.push_back(make_net(recipe.size, recipe.seed, recipe.model));
-  std::vector<std::vector<MasterSlice>> slices(world);
-  testing::run_ranks(world, [&](Communicator& comm) {
-    Trainer t(recipe, wrapper, models[comm.rank()], sharded_test::borrow(comm), world);
-    for (int s = 0; s < recipe.steps; ++s) t.step(s);
-    slices[comm.rank()] = t.masters();
-    if (comm.rank() == 0) collect(t);
-  });
+  launcher_test::TempDir dir("tandem-gpu-ranks");
+  std::vector<std::string> args = {"--standalone", "--nproc-per-node", std::to_string(world),
+                                   GPU_RANK_WORKER, "--out", dir.path};
+  for (const std::string& a : recipe_args(recipe, wrapper)) args.push_back(a);
+  // A 134 M-parameter run takes about a minute on a GPU; the 10 M ones a few seconds.
+  const auto limit = recipe.size.width >= 4096 ? std::chrono::seconds(240) : std::chrono::seconds(120);
+  const launcher_test::RunResult run = launcher_test::run_tandemrun(args, launcher_test::clean_env(), limit);
+  if (!run.exited || run.exit_code != 0) {
+    throw std::runtime_error("the " + std::to_string(world) + " rank processes of " +
+                             wrapper_name(wrapper) + " failed" +
+                             (run.timed_out ? " (killed after the time limit)" : "") + ":\n" +
+                             run.out + run.err);
+  }
+  std::vector<std::vector<MasterSlice>> slices;
+  for (int r = 0; r < world; ++r) {
+    RankOutcome o = load_rank(dir.path, r);
+    if (r == 0) {
+      result.norms = o.norms;
+      result.stepped = o.stepped;
+    }
+    slices.push_back(std::move(o.slices));
+  }
   if (wrapper == Wrapper::kDdp) {
     for (int r = 1; r < world && result.replica_difference.empty(); ++r) {
       const std::string d = difference(assemble({slices[r]}), assemble({slices[0]}));

@@ -98,10 +98,19 @@ struct RunResult {
   std::string replica_difference;  // DDP at world > 1: "" when every rank holds rank 0's bits
 };
 
-// `recipe.steps` steps from the weights of `recipe.seed`. World 1: one rank over NCCL; world 2:
-// two ranks as threads on the one GPU over Gloo (host-staged); the plain loop: one loop over
-// `world` ranks' batches. Dropout needs world 1 (the ranks' threads would share one generator).
+// `recipe.steps` steps from the weights of `recipe.seed`. World 1: one rank over NCCL, in this
+// process; world > 1: one process per rank under tandemrun, sharing the one GPU over Gloo
+// (host-staged), as real jobs run - ranks as threads of one process would share libtorch's one
+// autograd thread per device, and one rank's end-of-backward wait for another would hang both;
+// the plain loop: one loop over `world` ranks' batches, in this process. Dropout needs world 1
+// (the plain loop draws every rank's masks from one generator). Throws std::runtime_error when a
+// rank process fails, with its output.
 RunResult train(const Recipe& recipe, Wrapper wrapper, int world);
+
+// The rank processes of train(): `gpu_rank_worker --out DIR <recipe_args>` trains one rank of
+// the tandemrun world and writes its slices, norms and skipped steps to DIR/rank<R>.{pt,txt}.
+std::vector<std::string> recipe_args(const Recipe& recipe, Wrapper wrapper);
+int rank_worker_main(int argc, char** argv);
 
 // The weights every run starts from, flattened, by name (what RunResult::masters holds).
 std::map<std::string, at::Tensor> initial_masters(const Recipe& recipe);
