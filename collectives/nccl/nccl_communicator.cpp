@@ -3,13 +3,14 @@
 // ProcessGroupNCCL: an op's NCCL stream waits for the caller's current stream by an event, every
 // tensor it touches is recordStream'd on the NCCL stream and kept by the op until its end event,
 // Work::wait() makes the caller's stream wait (nccl_op.h), and a watchdog thread finds timeouts
-// and NCCL's async errors (nccl_watchdog.h).
+// and NCCL's async errors (nccl_watchdog.h). Connecting and a split's members: nccl_connect.cpp.
 #include <tandem/collectives/nccl_communicator.h>
 
 #include <tandem/base/errors.h>
 #include <tandem/collectives/flight_recorder.h>
 
 #include "collectives/async_work.h"
+#include "collectives/nccl/nccl_comm.h"
 #include "collectives/nccl/nccl_op.h"
 #include "collectives/nccl/nccl_types.h"
 #include "collectives/nccl/nccl_watchdog.h"
@@ -17,18 +18,15 @@
 #include "collectives/sub_groups.h"
 #include "collectives/tensor_checks.h"
 
-#include <torch/csrc/distributed/c10d/Store.hpp>
-
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
-#include <ATen/ops/tensor.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
-#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <tuple>
 #include <utility>
 
 namespace tandem {
@@ -39,7 +37,6 @@ using detail::check_peer;
 using detail::check_reduce_op;
 using detail::check_scaled_numel;
 using detail::check_tensor;
-using detail::dtype_name;
 using detail::dump_flight_recorder;
 using detail::format_elapsed;
 using detail::format_ranks;
@@ -181,28 +178,20 @@ class NcclCommunicator : public Communicator,
   // send first do not wait on each other.
   WorkPtr send_recv(const std::vector<P2POp>& ops) override {
     if (ops.empty()) return Communicator::send_recv(ops);
-    std::vector<at::Tensor> kept;
-    std::vector<std::pair<at::Tensor, at::Tensor>> copies;  // (caller's tensor, buffer) to copy back
-    std::vector<at::Tensor> bufs;
+    std::vector<at::Tensor> kept, bufs;
+    std::vector<std::function<void()>> copies;  // into non-contiguous receives, after the group
     std::string detail;
     for (const P2POp& op : ops) {
       const bool send = op.kind == P2POp::Kind::kSend;
       check_p2p(op.tensor, op.peer, op.tag, send ? "send" : "recv");
-      at::Tensor buf = send ? op.tensor.contiguous() : contiguous_output(op.tensor);
-      if (!send && !buf.is_same(op.tensor)) copies.emplace_back(op.tensor, buf);
-      kept.push_back(op.tensor);
-      kept.push_back(buf);
-      bufs.push_back(buf);
+      bufs.push_back(send ? op.tensor.contiguous() : contiguous_output(op.tensor));
+      if (auto copy = send ? nullptr : copy_back_fn(op.tensor, bufs.back())) copies.push_back(copy);
+      kept.insert(kept.end(), {op.tensor, bufs.back()});
       detail += (detail.empty() ? "" : "; ") + std::string(send ? "send " : "recv ") +
                 tensor_summary(op.tensor) + (send ? ", to " : ", from ") + std::to_string(op.peer);
     }
     std::function<void()> copy_back;
-    if (!copies.empty()) {
-      copy_back = [copies] {
-        at::NoGradGuard no_grad;
-        for (const auto& [target, buf] : copies) target.copy_(buf);
-      };
-    }
+    if (!copies.empty()) copy_back = [copies] { for (const auto& c : copies) c(); };
     return launch("send_recv", detail, std::move(kept), [&] {
       check_nccl(ncclGroupStart(), "ncclGroupStart");
       ncclResult_t result = ncclSuccess;
@@ -436,9 +425,8 @@ class NcclCommunicator : public Communicator,
   }
 
   std::shared_ptr<Communicator> split_impl(int color, int key, const std::vector<int>& ranks) {
-    // The members' world ranks: given (new_group), or from every rank's (color, key) gathered by
-    // an op of this communicator, watched and bounded by its timeout like any other (a dead peer
-    // is a TimeoutError, not a hang), before ncclCommSplit takes the issue lock.
+    // The members' world ranks and this rank's place among them, before ncclCommSplit takes the
+    // issue lock (the gather is an op of this communicator).
     std::vector<int> world;
     int position = -1;
     if (!ranks.empty()) {
@@ -447,22 +435,7 @@ class NcclCommunicator : public Communicator,
         if (ranks[i] == rank_) position = static_cast<int>(i);
       }
     } else {
-      const at::TensorOptions longs = at::TensorOptions(at::kLong).device(at::kCUDA, device_);
-      const at::Tensor mine = at::tensor({int64_t{color}, int64_t{key}}, at::kLong).to(longs);
-      const at::Tensor all = at::empty({2 * size()}, longs);
-      allgather(all, mine)->wait(options_.timeout);
-      const at::Tensor host = all.cpu();
-      const int64_t* v = host.data_ptr<int64_t>();
-      std::vector<int> members;  // ordered by (key, rank), as ncclCommSplit orders them
-      for (int r = 0; r < size(); ++r) {
-        if (color >= 0 && v[2 * r] == color) members.push_back(r);
-      }
-      std::stable_sort(members.begin(), members.end(),
-                       [&](int a, int b) { return v[2 * a + 1] < v[2 * b + 1]; });
-      for (size_t i = 0; i < members.size(); ++i) {
-        world.push_back(world_ranks_[members[i]]);
-        if (members[i] == rank_) position = static_cast<int>(i);
-      }
+      std::tie(world, position) = detail::split_members(*this, device_, color, key, world_ranks_);
     }
     std::lock_guard<std::timed_mutex> issue(issue_mutex_);  // ncclCommSplit is a collective
     {
@@ -512,59 +485,12 @@ class NcclCommunicator : public Communicator,
 
 }  // namespace tandem
 
-// libtandem_cuda's entry points, found by libtandem.so with dlsym (collectives/cuda_library.cpp).
-extern "C" int tandem_cuda_device_count() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    (void)cudaGetLastError();  // no driver or no device: clear the sticky error, report none
-    return 0;
-  }
-  return n;
+namespace tandem::detail {
+
+std::shared_ptr<Communicator> make_nccl_communicator(ncclComm_t comm, int rank,
+                                                     std::vector<int> world_ranks,
+                                                     const NcclOptions& options) {
+  return std::make_shared<NcclCommunicator>(comm, rank, std::move(world_ranks), options);
 }
 
-extern "C" void tandem_cuda_connect_nccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
-                                         int size, const tandem::NcclOptions& options,
-                                         std::shared_ptr<tandem::Communicator>& out) {
-  using namespace tandem;
-  if (size < 1 || rank < 0 || rank >= size) {
-    throw ConfigError("tandem: connect_nccl: rank " + std::to_string(rank) +
-                      " is not in [0, world size " + std::to_string(size) + ").");
-  }
-  if (options.timeout.count() <= 0) {
-    throw ConfigError("tandem: connect_nccl: the op timeout is " +
-                      std::to_string(options.timeout.count()) +
-                      " ms; it must be > 0 (--set comm.timeout_s=<seconds>).");
-  }
-  int devices = 0;
-  check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
-  if (options.device < 0 || options.device >= devices) {
-    throw ConfigError("tandem: connect_nccl: CUDA device " + std::to_string(options.device) +
-                      " does not exist (this machine has " + std::to_string(devices) +
-                      "); use LOCAL_RANK % device count.");
-  }
-  check_cuda(cudaSetDevice(options.device), "cudaSetDevice");
-  const std::string key = options.store_prefix + "/nccl/unique_id";
-  ncclUniqueId id;
-  if (rank == 0) {
-    check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId");
-    const auto* bytes = reinterpret_cast<const uint8_t*>(&id);
-    store->set(key, std::vector<uint8_t>(bytes, bytes + sizeof id));
-  } else {
-    const auto wait = options.rendezvous_timeout();
-    try {
-      store->wait({key}, wait);
-    } catch (const std::exception& e) {
-      throw TimeoutError("tandem: rank " + std::to_string(rank) +
-                         " did not receive NCCL's unique id from rank 0 within " +
-                         std::to_string(wait.count()) + " ms: " + e.what());
-    }
-    const auto bytes = store->get(key);
-    if (bytes.size() != sizeof id) throw CommError("tandem: malformed NCCL unique id in store");
-    std::memcpy(&id, bytes.data(), sizeof id);
-  }
-  ncclComm_t comm = nullptr;
-  check_nccl(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank");
-  std::vector<int> world(size);
-  for (int i = 0; i < size; ++i) world[i] = i;
-  out = std::make_shared<NcclCommunicator>(comm, rank, std::move(world), options);
-}
+}  // namespace tandem::detail

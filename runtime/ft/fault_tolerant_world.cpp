@@ -7,6 +7,8 @@
 #include <tandem/base/errors.h>
 #include <tandem/runtime/run_main.h>
 
+#include "runtime/ft/membership.h"
+
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <algorithm>
@@ -20,64 +22,15 @@ namespace tandem {
 
 namespace {
 
+using detail::contains;
+using detail::join_ids;
+using detail::Membership;
+using detail::MemberId;
+using detail::parse_id;
 using Clock = std::chrono::steady_clock;
 
 constexpr const char* kCommit = "commit";
 constexpr const char* kAbort = "abort";
-
-// A member: its launch rank and incarnation ("2.1": launch rank 2's first replacement).
-struct MemberId {
-  int rank = 0;
-  int incarnation = 0;
-  std::string text() const { return std::to_string(rank) + "." + std::to_string(incarnation); }
-  bool operator==(const MemberId& o) const { return rank == o.rank && incarnation == o.incarnation; }
-};
-
-MemberId parse_id(const std::string& text) {
-  const auto dot = text.find('.');
-  return {std::stoi(text.substr(0, dot)), std::stoi(text.substr(dot + 1))};
-}
-
-std::string join_ids(const std::vector<MemberId>& ids) {
-  std::string s;
-  for (const MemberId& m : ids) s += (s.empty() ? "" : ",") + m.text();
-  return s;
-}
-
-std::vector<MemberId> parse_ids(const std::string& text) {
-  std::vector<MemberId> ids;
-  std::stringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) ids.push_back(parse_id(item));
-  return ids;
-}
-
-bool contains(const std::vector<MemberId>& ids, const MemberId& id) {
-  return std::find(ids.begin(), ids.end(), id) != ids.end();
-}
-
-// The membership of one epoch, as its key holds it: "members;requests;receivers;step". requests:
-// the join requests decided on so far; receivers: the members that need the training state (they
-// joined, and no step has committed since); step: the step the epoch starts at.
-struct Membership {
-  std::vector<MemberId> members;
-  int64_t requests = 0;
-  std::vector<MemberId> receivers;
-  int64_t step = 0;
-
-  std::string text() const {
-    return join_ids(members) + ";" + std::to_string(requests) + ";" + join_ids(receivers) + ";" +
-           std::to_string(step);
-  }
-  static Membership parse(const std::string& text) {
-    std::vector<std::string> parts;
-    std::stringstream in(text);
-    std::string part;
-    while (std::getline(in, part, ';')) parts.push_back(part);
-    parts.resize(4);
-    return {parse_ids(parts[0]), std::stoll(parts[1]), parse_ids(parts[2]), std::stoll(parts[3])};
-  }
-};
 
 std::string get_text(c10d::Store& store, const std::string& key) {
   const std::vector<uint8_t> v = store.get(key);

@@ -6,7 +6,8 @@
 //  - every compressing codec under DistributedDataParallel (world 1 over NCCL): the codec's thread
 //    waits for the stream that filled the bucket, and the optimizer's stream for the codec's;
 //  - top-k's decode over three ranks (threads over Gloo, host-staged; no backward, so threads are
-//    safe): the same bits in 100 runs, although the ranks pick many of the same entries.
+//    safe): the same bits in 100 runs, although the ranks pick many of the same entries;
+//  - no codec stage reads back to the host, so backward() does not wait for the GPU.
 // Both need a GPU: the CPU rehearsal skips them.
 #include "tests/gpu/gpu_trainer.h"
 #include "tests/support/test_support.h"
@@ -20,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -29,11 +31,12 @@ namespace {
 
 bool rehearsal() { return test_device().is_cpu(); }
 
-// Queues about 100 ms of matmuls on the current stream.
-void delay_current_stream() {
+// Queues `matmuls` float32 4096 x 4096 products on the current stream: 40 are about 100 ms on
+// an H100 or H200 (no TF32: libtorch's default).
+void delay_current_stream(int matmuls = 40) {
   const at::Tensor a = at::randn({4096, 4096}, at::TensorOptions(test_device()));
   at::Tensor b = a;
-  for (int i = 0; i < 40; ++i) b = at::mm(a, b).div_(4096);
+  for (int i = 0; i < matmuls; ++i) b = at::mm(a, b).div_(4096);
 }
 
 using CodecFactory = std::function<std::shared_ptr<GradCodec>()>;
@@ -90,6 +93,41 @@ TEST_P(CodecStreams, ACodecOnItsThreadWaitsForTheStreamThatFilledTheBucket) {
 
 INSTANTIATE_TEST_SUITE_P(Codecs, CodecStreams, ::testing::Values("powersgd", "topk", "sign"),
                          [](const auto& info) { return info.param; });
+
+// A codec's stage reads nothing back to the host once its bucket layouts exist (issue 37: the
+// sign codec read every tensor's scale back, PowerSGD copied each fresh Q from pageable memory),
+// so backward() returns while the GPU still works: with about 400 ms of kernels queued before it,
+// its host time stays far below that. A host read would wait for the whole queue.
+TEST_P(CodecStreams, AStageReadsNothingBackToTheHost) {
+  if (rehearsal()) GTEST_SKIP() << "host reads of device values need a GPU";
+  const std::string name = GetParam();
+  Recipe recipe;
+  recipe.size = kOdd;
+  auto model = make_net(recipe.size, recipe.seed);
+  Distributed dist = nccl_world_of_one();
+  DistributedDataParallelOptions options;
+  if (name == "powersgd") {
+    options.codec = make_powersgd_codec({.rank = 2, .start_iter = 0, .warm_start = false});
+  } else if (name == "topk") {
+    options.codec = make_topk_codec({.ratio = 0.05});
+  } else {
+    options.codec = make_sign_codec();
+  }
+  DistributedDataParallel<NetImpl> ddp(model, dist.world, options);
+  torch::optim::AdamW opt(ddp.parameters(), torch::optim::AdamWOptions(1e-3));
+  double seconds = 0;
+  for (int step = 0; step < 4; ++step) {  // the first two make the layouts and the allocator warm
+    opt.zero_grad();
+    const Batch b = batch_of(recipe.size, 0, step);
+    at::Tensor loss = torch::mse_loss(ddp(b.x), b.y);
+    if (step >= 2) delay_current_stream(160);
+    const auto start = std::chrono::steady_clock::now();
+    loss.backward();
+    if (step >= 2) seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    opt.step();
+  }
+  EXPECT_LT(seconds, 0.1) << name << ": backward() waited " << seconds << " s for the GPU";
+}
 
 class TopKBits : public GpuTest {};
 
