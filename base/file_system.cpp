@@ -20,15 +20,21 @@ namespace {
 // File errors in base's own words: the operation, the path and the OS error, nothing about what
 // the file is for (a checkpoint, a timeline, an error file): the caller knows that and says it.
 // The type stays CheckpointError, which file_system.h promises (checkpoint/ catches it).
-[[noreturn]] void fail(const std::string& message) { throw CheckpointError(message); }
+// `restartable` false: trying again cannot help (see os_error).
+[[noreturn]] void fail(const std::string& message, bool restartable = true) {
+  throw CheckpointError(message, restartable);
+}
 
 [[noreturn]] void os_error(const std::string& op, const std::string& path, int err) {
   std::string hint;
   if (err == ENOSPC) hint = " Free disk space there or write elsewhere.";
   else if (err == EACCES || err == EPERM) hint = " Check the directory's permissions.";
   else if (err == ENOENT) hint = " Check the path.";
+  // Permissions, a read-only file system or a file where a directory should be stay as they are
+  // on a restart; a full disk or a flaky mount may not.
+  const bool restartable = err != EACCES && err != EPERM && err != EROFS && err != ENOTDIR;
   fail(op + " '" + path + "' failed: " + std::strerror(err) + " (errno " + std::to_string(err) +
-       ")." + hint);
+       ")." + hint, restartable);
 }
 
 class PosixWritableFile final : public WritableFile {
@@ -152,7 +158,7 @@ class PosixFileSystem final : public FileSystem {
     struct stat st {};
     if (::stat(path.c_str(), &st) == 0) {
       if (S_ISDIR(st.st_mode)) return;
-      fail("'" + path + "' exists and is not a directory.");
+      fail("'" + path + "' exists and is not a directory.", /*restartable=*/false);
     }
     const std::string parent = parent_path(path);
     if (parent != path && parent != "." && parent != "/") create_dirs(parent);

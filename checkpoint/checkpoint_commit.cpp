@@ -3,6 +3,7 @@
 // include/tandem/checkpoint/checkpoint_manager.h and checkpoint/step_directory.h).
 #include "checkpoint/checkpoint_manager_impl.h"
 
+#include <tandem/base/errors.h>
 #include <tandem/base/trace.h>
 
 #include <ATen/ops/empty.h>
@@ -120,6 +121,12 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
   ShardReport mine;
   mine.rank = rank;
   std::string local_error;
+  // Whether trying again could help, kept through the message's rewording (a directory that
+  // cannot be written stays so: tandemrun must not restart for it).
+  bool restartable = true;
+  auto note = [&restartable](const std::exception& e) {
+    if (const auto* error = dynamic_cast<const Error*>(&e)) restartable &= error->restartable();
+  };
   const auto t_write = Clock::now();
   try {
     trace::Span span("checkpoint write", trace::kCheckpoint);
@@ -139,6 +146,7 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
     throw;  // simulated process death: nothing more happens on this rank
   } catch (const std::exception& e) {
     local_error = e.what();
+    note(e);
   }
   s.write_s = seconds_since(t_write);
   s.bytes = mine.bytes;
@@ -156,6 +164,7 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
       throw;
     } catch (const std::exception& e) {
       commit_error = e.what();
+      note(e);
     }
   }
   if (comm) {
@@ -171,7 +180,8 @@ SaveStats CheckpointManager::Impl::run_job(Job& job) {
   if (!local_error.empty() || !failed.empty() || committed == 0) {
     throw CheckpointError("tandem: checkpoint: " + step + " was not " +
                           (local_error.empty() ? "committed: " : "saved: ") +
-                          failure_cause(local_error, failed, commit_error) + after_failed_save(job.step));
+                          failure_cause(local_error, failed, commit_error) + after_failed_save(job.step),
+                          restartable);
   }
   last_commit_time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (rank == 0) {

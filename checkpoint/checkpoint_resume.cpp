@@ -259,7 +259,8 @@ int64_t CheckpointManager::Impl::resume() {
                             (code == 2 ? c.reason
                                        : step_directory(opts.directory, agreed) +
                                              " does not fit the registered state on another rank (see its error)") +
-                            ". Fix the program or move that checkpoint away.");
+                            ". Fix the program or move that checkpoint away.",
+                            /*restartable=*/false);  // every attempt would resume from it again
     }
     if (code == 0 && rank == 0) {
       warn("checkpoint " + step_directory(opts.directory, agreed) +

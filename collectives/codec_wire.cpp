@@ -1,7 +1,6 @@
 #include "collectives/codec_wire.h"
 
 #include "collectives/kernels/cast_kernels.h"
-#include "collectives/gloo/gloo_communicator.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ops/div.h>
@@ -89,13 +88,8 @@ WorkPtr ForwardingCommunicator::recv(const at::Tensor& tensor, int src, uint32_t
 }
 WorkPtr ForwardingCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire,
                                                   int divisor) {
-  if (auto* forwarding = dynamic_cast<ForwardingCommunicator*>(&inner_)) {
-    return forwarding->allreduce_narrowed(tensor, wire, divisor);
-  }
-  if (auto* gloo = dynamic_cast<GlooCommunicator*>(&inner_)) {
-    return gloo->allreduce_narrowed(tensor, wire, divisor);
-  }
-  return nullptr;
+  NarrowedAllreduce* below = inner_.narrowed_allreduce();
+  return below != nullptr ? below->allreduce_narrowed(tensor, wire, divisor) : nullptr;
 }
 std::shared_ptr<Communicator> ForwardingCommunicator::new_group(const std::vector<int>& ranks) {
   return inner_.new_group(ranks);

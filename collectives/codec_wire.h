@@ -15,7 +15,7 @@
 namespace tandem::detail {
 
 // Forwards every op to `inner` unchanged; subclasses override what they change.
-class ForwardingCommunicator : public Communicator {
+class ForwardingCommunicator : public Communicator, public NarrowedAllreduce {
  public:
   explicit ForwardingCommunicator(Communicator& inner) : inner_(inner) {}
 
@@ -38,11 +38,15 @@ class ForwardingCommunicator : public Communicator {
   void abort(const std::string& reason) override { inner_.abort(reason); }
 
   Communicator& inner() const { return inner_; }
+  Communicator* underlying() override { return &inner_; }
 
-  // Sum of float32 `tensor`, its values travelling as `wire` after division by `divisor`, fused
-  // by the communicator underneath (GlooCommunicator::allreduce_narrowed, through any wrappers);
-  // null where it has no such op.
-  virtual WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor);
+  // The capability of the communicator underneath (through any wrappers), through this one, so
+  // that a subclass sees the op (CountingCommunicator counts it).
+  NarrowedAllreduce* narrowed_allreduce() override {
+    return inner_.narrowed_allreduce() != nullptr ? this : nullptr;
+  }
+  // The op of the communicator underneath; null where it has none or cannot take this call.
+  WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) override;
 
  protected:
   Communicator& inner_;

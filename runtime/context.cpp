@@ -9,7 +9,9 @@
 #include <tandem/runtime/config_keys.h>
 #include <tandem/runtime/run_main.h>
 
+#include "base/launch_contract.h"
 #include "base/strings.h"
+#include "runtime/error_report.h"
 
 #include <cstdio>
 #include <typeinfo>
@@ -97,10 +99,10 @@ int run_main(int argc, char** argv, const std::function<int(Context&)>& fn) {
       ctx = std::make_unique<Context>(std::move(loaded), std::vector<std::string>(args.begin(), args.begin() + n));
     } catch (const ConfigError& e) {
       // Exit code 2: the run cannot succeed until the config changes (restarting will not help).
-      const std::string message = strings::demangle(typeid(e).name()) + ": " + e.what();
-      std::fprintf(stderr, "tandem::run_main: configuration error: %s\n", message.c_str());
-      write_error_file(message, "C++ exception (configuration)\n" + message + "\n");
-      return 2;
+      const launch::ErrorReport report = detail::error_report(e, "C++ exception (configuration)");
+      std::fprintf(stderr, "tandem::run_main: configuration error: %s\n", report.message.c_str());
+      detail::write_error_report(report);
+      return launch::kExitFinal;
     }
     return fn(*ctx);
   });

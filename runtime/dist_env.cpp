@@ -2,6 +2,7 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/launch_contract.h"
 #include "base/slurm.h"
 #include "base/strings.h"
 
@@ -72,7 +73,7 @@ std::map<std::string, std::string> slurm_as_torchrun(const DistEnv::Lookup& look
   }
   if (job != nullptr) vars["TORCHELASTIC_RUN_ID"] = job;
   if (const char* v = get({"SLURM_RESTART_COUNT"})) vars["TORCHELASTIC_RESTART_COUNT"] = v;
-  if (const char* v = get({"TORCHELASTIC_ERROR_FILE"})) vars["TORCHELASTIC_ERROR_FILE"] = v;
+  if (const char* v = get({launch::kEnvErrorFile})) vars[launch::kEnvErrorFile] = v;
   return vars;
 }
 
@@ -107,11 +108,11 @@ DistEnv DistEnv::from_env(const Lookup& lookup) {
   env.group_rank = parse_int(lookup, "GROUP_RANK", 0);
   env.restart_count = parse_int(lookup, "TORCHELASTIC_RESTART_COUNT", 0);
   env.run_id = parse_string(lookup, "TORCHELASTIC_RUN_ID", "");
-  env.error_file = parse_string(lookup, "TORCHELASTIC_ERROR_FILE", "");
+  env.error_file = parse_string(lookup, launch::kEnvErrorFile, "");
   const std::string agent_store = parse_string(lookup, "TORCHELASTIC_USE_AGENT_STORE", "");
   env.agent_store = agent_store == "True" || agent_store == "true" || agent_store == "1";
-  env.ft_keys = parse_string(lookup, "TANDEM_FT", "");
-  env.ft_join = env.ft_keys.empty() ? 0 : parse_int(lookup, "TANDEM_REPLACEMENT", 0);
+  env.ft_keys = parse_string(lookup, launch::kEnvFtKeys, "");
+  env.ft_join = env.ft_keys.empty() ? 0 : parse_int(lookup, launch::kEnvReplacement, 0);
   if (env.world_size > 1) {
     for (const char* required : {"MASTER_ADDR", "MASTER_PORT"}) {
       const char* v = lookup(required);

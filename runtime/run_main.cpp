@@ -4,8 +4,9 @@
 #include <tandem/base/errors.h>
 #include <tandem/base/file_system.h>
 
-#include "base/json.h"
+#include "base/launch_contract.h"
 #include "base/strings.h"
+#include "runtime/error_report.h"
 
 #include <cxxabi.h>
 #include <fcntl.h>
@@ -29,15 +30,6 @@
 
 namespace tandem {
 namespace {
-
-// ---- JSON error file --------------------------------------------------------------------------
-
-// `text` as a JSON string literal (base/json.h); bytes that are not UTF-8 become U+FFFD.
-std::string json_string(const std::string& text) {
-  std::string out;
-  append_json_string(out, text);
-  return out;
-}
 
 // ---- fatal signals ----------------------------------------------------------------------------
 
@@ -104,7 +96,9 @@ extern "C" void tandem_on_fatal_signal(int signo) {
     b.add_number(::getpid());
     b.add("\", \"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"");
     b.add_number(now.tv_sec);
-    b.add("\"}}}\n");
+    b.add("\", \"kind\": \"");
+    b.add(launch::kind_name(launch::ErrorKind::kSignal));
+    b.add("\", \"restartable\": true}}}\n");
     const int fd = ::open(g_error_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd >= 0) {
       const ssize_t ignored = ::write(fd, b.data, b.size);
@@ -164,7 +158,7 @@ struct HeartbeatChannel {
   std::atomic<std::int64_t> last_ns{0};
 
   HeartbeatChannel() {
-    const char* path = std::getenv("TANDEM_HEARTBEAT_FILE");
+    const char* path = std::getenv(launch::kEnvHeartbeatFile);
     if (path == nullptr || *path == '\0') return;
     // Creating the file is the first heartbeat (its mtime is now).
     fd = ::open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
@@ -180,20 +174,49 @@ struct HeartbeatChannel {
 
 }  // namespace
 
-bool write_error_file(const std::string& message, const std::string& callstack) {
-  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+namespace detail {
+
+launch::ErrorReport error_report(const std::exception& e, const std::string& note) {
+  using launch::ErrorKind;
+  launch::ErrorReport r;
+  r.message = strings::demangle(typeid(e).name()) + ": " + e.what();
+  r.callstack = note + "\n" + r.message + "\n";
+  r.timestamp = static_cast<long long>(std::time(nullptr));
+  const auto* error = dynamic_cast<const Error*>(&e);
+  r.restartable = error == nullptr || error->restartable();
+  // Most derived first: a TimeoutError is a CommError too.
+  if (error == nullptr) r.kind = ErrorKind::kException;
+  else if (dynamic_cast<const ConfigError*>(&e)) r.kind = ErrorKind::kConfig;
+  else if (dynamic_cast<const TimeoutError*>(&e)) r.kind = ErrorKind::kTimeout;
+  else if (dynamic_cast<const PeerLostError*>(&e)) r.kind = ErrorKind::kPeerLost;
+  else if (dynamic_cast<const CommError*>(&e)) r.kind = ErrorKind::kComm;
+  else if (dynamic_cast<const CheckpointError*>(&e)) r.kind = ErrorKind::kCheckpoint;
+  else if (dynamic_cast<const OutOfMemoryError*>(&e)) r.kind = ErrorKind::kOutOfMemory;
+  else r.kind = ErrorKind::kError;
+  return r;
+}
+
+bool write_error_report(const launch::ErrorReport& report) {
+  const char* path = std::getenv(launch::kEnvErrorFile);
   if (path == nullptr || *path == '\0') return false;
-  // TorchElastic's layout, spaced as Python's json.dump writes it (readers match on it).
-  const std::string json = "{\"message\": {\"message\": " + json_string(message) +
-                           ", \"extraInfo\": {\"py_callstack\": " + json_string(callstack) +
-                           ", \"timestamp\": \"" + std::to_string(std::time(nullptr)) + "\"}}}\n";
   try {
     // Atomically: the launcher never reads half a file.
-    posix_file_system()->write_file_atomically(path, json);
+    posix_file_system()->write_file_atomically(path, launch::error_file_json(report));
     return true;
   } catch (const Error&) {
     return false;
   }
+}
+
+}  // namespace detail
+
+bool write_error_file(const std::string& message, const std::string& callstack) {
+  launch::ErrorReport report;
+  report.message = message;
+  report.callstack = callstack;
+  report.timestamp = static_cast<long long>(std::time(nullptr));
+  report.kind = launch::ErrorKind::kError;
+  return detail::write_error_report(report);
 }
 
 namespace {
@@ -204,10 +227,10 @@ namespace {
 // launcher did not need it: exit quietly. Acknowledged with one byte 'A' on the same descriptor
 // (a socket) once set. Runs before anything reads the environment.
 void await_standby_activation() {
-  const char* fd_text = std::getenv("TANDEM_STANDBY_FD");
+  const char* fd_text = std::getenv(launch::kEnvStandbyFd);
   if (fd_text == nullptr) return;
   const int fd = std::atoi(fd_text);
-  ::unsetenv("TANDEM_STANDBY_FD");
+  ::unsetenv(launch::kEnvStandbyFd);
   std::string message;
   char buffer[4096];
   for (;;) {
@@ -238,35 +261,37 @@ void await_standby_activation() {
 
 int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
   await_standby_activation();
-  const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
+  const char* path = std::getenv(launch::kEnvErrorFile);
   g_have_error_path = false;
   if (path != nullptr && *path != '\0' && std::strlen(path) < sizeof(g_error_path)) {
     std::strcpy(g_error_path, path);
     g_have_error_path = true;
   }
   FatalSignalHandlers handlers;
-  std::string message;
-  bool consequence = false;
+  constexpr const char* kNote = "C++ exception (no stack trace recorded)";
+  launch::ErrorReport report;
   try {
     return fn(argc, argv);
   } catch (const std::exception& e) {
-    message = strings::demangle(typeid(e).name()) + ": " + e.what();
-    consequence = dynamic_cast<const PeerLostError*>(&e) != nullptr;
+    report = detail::error_report(e, kNote);
   } catch (...) {
-    message = strings::demangle(abi::__cxa_current_exception_type() != nullptr
-                                    ? abi::__cxa_current_exception_type()->name()
-                                    : nullptr) +
-              ": (not a std::exception)";
+    report.message = strings::demangle(abi::__cxa_current_exception_type() != nullptr
+                                           ? abi::__cxa_current_exception_type()->name()
+                                           : nullptr) +
+                     ": (not a std::exception)";
+    report.callstack = std::string(kNote) + "\n" + report.message + "\n";
+    report.timestamp = static_cast<long long>(std::time(nullptr));
   }
-  const std::string line = "tandem::run_main: uncaught exception: " + message + "\n";
+  const bool consequence = report.kind == launch::ErrorKind::kPeerLost;
+  const std::string line = "tandem::run_main: uncaught exception: " + report.message + "\n";
   const ssize_t ignored = ::write(2, line.data(), line.size());
   (void)ignored;
   // A lost peer usually failed first (not a timeout, not bad input). Under a launcher, report it a little later than that peer: torchrun names the
   // first process it sees exit (and, among several, the earliest error-file timestamp) as the
   // root cause, and this rank often notices the peer's death before the peer has finished exiting.
   if (consequence && g_have_error_path) std::this_thread::sleep_for(kConsequenceDelay);
-  write_error_file(message, "C++ exception (no stack trace recorded)\n" + message + "\n");
-  return 1;
+  detail::write_error_report(report);
+  return launch::kExitFailed;
 }
 
 void heartbeat() noexcept {

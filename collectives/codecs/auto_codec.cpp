@@ -53,8 +53,8 @@ class AutoCodec final : public GradCodec {
   WorkPtr encode_and_reduce(Communicator& wire, GradBucket& bucket) override {
     if (choice_.load() == kUndecided) {
       // Probe on the communicator under the counting wrapper: the probe is not gradient traffic.
-      auto* counting = dynamic_cast<detail::ForwardingCommunicator*>(&wire);
-      choice_ = decide(counting ? counting->inner() : wire, bucket.buffer.options());
+      Communicator* below = wire.underlying();
+      choice_ = decide(below != nullptr ? *below : wire, bucket.buffer.options());
     }
     if (choice_.load() == kPlain) return wire.allreduce(bucket.buffer, ReduceOp::kAvg);
     if (!casting_) casting_ = std::make_unique<detail::CastingCommunicator>(wire, options_.wire);

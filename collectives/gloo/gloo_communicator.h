@@ -49,6 +49,7 @@ struct GlooP2PState {
 };
 
 class GlooCommunicator final : public Communicator,
+                               public NarrowedAllreduce,
                                public std::enable_shared_from_this<GlooCommunicator> {
  public:
   // Connects through `store` under `prefix`; `world_ranks[i]` is group rank i's world rank.
@@ -77,7 +78,8 @@ class GlooCommunicator final : public Communicator,
   // sending (tensor / divisor) rounded: ShmCollectives::allreduce_narrowed. Null where the op would
   // not go through shared memory, or `tensor` is not contiguous float32: the caller casts itself
   // (the same op on the wire, so ranks may differ in which they take).
-  WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor);
+  WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) override;
+  NarrowedAllreduce* narrowed_allreduce() override { return this; }
 
   // Marks the communicator broken with `reason` (first reason wins); `peer_lost`: because a peer
   // is gone (later ops are refused with PeerLostError then, else CommError).

@@ -7,6 +7,7 @@
 #include <tandem/base/errors.h>
 #include <tandem/runtime/run_main.h>
 
+#include "base/launch_contract.h"
 #include "runtime/ft/membership.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -41,9 +42,11 @@ bool has(c10d::Store& store, const std::string& key) { return store.check({key})
 
 // Whether the launcher reported `member` ("rank.incarnation") dead: dead/<member>, or
 // dead/any/<rank> for every rank of a node that was lost (tandemrun's ft_reporter.h).
-bool reported_dead(c10d::Store& store, const std::string& dead_prefix, const std::string& member) {
-  const std::string rank = member.substr(0, member.find('.'));
-  return has(store, dead_prefix + member) || has(store, dead_prefix + "any/" + rank);
+// Whether the launcher reported `member` dead, itself or its whole node (launch contract keys).
+bool reported_dead(c10d::Store& store, const std::string& ft_keys, const std::string& member) {
+  const MemberId id = parse_id(member);
+  return has(store, launch::ft_dead_key(ft_keys, id.rank, id.incarnation)) ||
+         has(store, launch::ft_dead_any_key(ft_keys, id.rank));
 }
 
 // Polls `done` about every millisecond (a step's vote takes a few store round trips; the step
@@ -102,8 +105,8 @@ FaultTolerantWorld::FaultTolerantWorld(const Distributed& dist, const InitOption
                  "(start with tandemrun --ft); a failure restarts the group as without it.\n");
   }
   prefix_ = comm_.store_prefix + "/ft";
-  dead_prefix_ = dist.env.ft_keys + "/dead/";
-  group_failed_ = dist.env.ft_keys + "/group_failed";
+  ft_keys_ = dist.env.ft_keys;
+  group_failed_ = launch::ft_group_failed_key(ft_keys_);
   if (incarnation_ > 0) await_admission();
 }
 
@@ -302,10 +305,10 @@ bool FaultTolerantWorld::member_reported_dead() {
   c10d::Store& store = *store_;
   // One read while no death was reported since the members were last looked at; a member found
   // dead keeps the count unseen, so it is found again until the world is re-formed without it.
-  const int64_t count = store.add(dead_prefix_ + "count", 0);
+  const int64_t count = store.add(launch::ft_dead_count_key(ft_keys_), 0);
   if (count == dead_seen_) return false;
   for (std::size_t i = 0; i < members_.size(); ++i) {
-    if (reported_dead(store, dead_prefix_, id(i))) return true;
+    if (reported_dead(store, ft_keys_, id(i))) return true;
   }
   dead_seen_ = count;
   return false;
@@ -343,7 +346,7 @@ std::string FaultTolerantWorld::decide(int64_t epoch, const std::vector<std::str
   for (const std::string& a : alive) {
     // A member the launcher reported dead meanwhile (a second failure before anyone noticed it)
     // would hold up the new world's rendezvous until comm.timeout_s.
-    if (!reported_dead(store, dead_prefix_, a)) m.members.push_back(parse_id(a));
+    if (!reported_dead(store, ft_keys_, a)) m.members.push_back(parse_id(a));
   }
   m.requests = requests;
   m.step = step;
@@ -355,7 +358,7 @@ std::string FaultTolerantWorld::decide(int64_t epoch, const std::vector<std::str
   }
   for (int64_t i = joins_seen_ + 1; i <= requests; ++i) {
     const MemberId joiner = parse_id(get_text(store, prefix_ + "/join/" + std::to_string(i)));
-    if (reported_dead(store, dead_prefix_, joiner.text())) continue;  // died before it was admitted
+    if (reported_dead(store, ft_keys_, joiner.text())) continue;  // died before it was admitted
     // One process per launch rank: a request for a rank whose member is as new is stale; a newer
     // one replaces the member (the launcher replaces only a dead process).
     if (std::any_of(m.members.begin(), m.members.end(), [&](const MemberId& x) {
@@ -441,7 +444,7 @@ void FaultTolerantWorld::reform(const std::string& why, int64_t step) {
     std::vector<std::string> last;
     for (std::size_t i = 0; i < members_.size(); ++i) last.push_back(id(i));
     auto joined = [&](const std::string& m) { return has(store, base + "/joined/" + m); };
-    auto dead = [&](const std::string& m) { return reported_dead(store, dead_prefix_, m); };
+    auto dead = [&](const std::string& m) { return reported_dead(store, ft_keys_, m); };
     poll_until(Clock::now() + seconds(options_.quorum_timeout_s), [&] {
       return std::all_of(last.begin(), last.end(), [&](const std::string& m) { return joined(m) || dead(m); });
     });

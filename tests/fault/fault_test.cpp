@@ -16,7 +16,7 @@
 #include <string>
 
 #include "tests/fault/fault_fixture.h"
-#include "tools/tandemrun/error_file.h"
+#include "base/launch_contract.h"
 
 namespace tandem::launcher_test {
 namespace {
@@ -239,11 +239,14 @@ TEST_F(FaultTest, RunMainWritesTorchElasticErrorFileForAnException) {
   // TorchElastic's layout (torch/distributed/elastic/multiprocessing/errors/error_handler.py).
   EXPECT_TRUE(std::regex_search(
       text, std::regex(R"(^\{"message": \{"message": "std::runtime_error: thrown before init", )"
-                       R"("extraInfo": \{"py_callstack": ".*", "timestamp": "\d+"\}\}\}\n$)")))
+                       R"("extraInfo": \{"py_callstack": ".*", "timestamp": "\d+", )"
+                       R"("kind": "exception", "restartable": true\}\}\}\n$)")))
       << text;
-  const auto parsed = launcher::parse_error_file(text);
+  const auto parsed = launch::parse_error_file(text);
   ASSERT_TRUE(parsed.has_value()) << text;
   EXPECT_EQ(parsed->message, "std::runtime_error: thrown before init");
+  EXPECT_EQ(parsed->kind, launch::ErrorKind::kException);
+  EXPECT_TRUE(parsed->restartable);
   EXPECT_NEAR(static_cast<double>(parsed->timestamp), static_cast<double>(std::time(nullptr)), 60);
 }
 

@@ -18,11 +18,14 @@
 //   kill   SIGKILL itself           raise  throw std::runtime_error("injected failure at step s")
 //   stop   SIGSTOP itself (a hang)  segv   raise(SIGSEGV)
 //   always-raise   like raise, but on every restart (an unrecoverable job)
+//   permanent      throw the program's own tandem::Error whose restartable() is false, with a
+//                  message in none of the words tandemrun ever matched
 // Before a fault it prints "fault <kind> at step <s> pid <pid>" (flushed).
 // FAULT_FORGET_OPTIMIZER=1 leaves the optimizer out of the checkpoint (the negative control: a
 // resume that loses the momentum must NOT end bit-identical).
 #include <ATen/CPUGeneratorImpl.h>
 #include <signal.h>
+#include <tandem/base/errors.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/runtime/distributed_data_parallel.h>
 #include <tandem/runtime/init.h>
@@ -60,6 +63,13 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
+// A program's own error that no restart can fix, known to tandemrun only by restartable().
+class ModelFormatError : public tandem::Error {
+ public:
+  using tandem::Error::Error;
+  bool restartable() const noexcept override { return false; }
+};
+
 std::string env_or(const char* key, const char* fallback) {
   const char* v = std::getenv(key);
   return v != nullptr ? v : fallback;
@@ -80,6 +90,7 @@ void maybe_fault(int rank, int64_t step) {
   if (kind == "segv") ::raise(SIGSEGV);
   if (kind == "raise" || kind == "always-raise")
     throw std::runtime_error("injected failure at step " + std::to_string(step));
+  if (kind == "permanent") throw ModelFormatError("the weights are of format 3; this build reads 2");
 }
 
 std::pair<at::Tensor, at::Tensor> batch(int rank, int64_t step) {

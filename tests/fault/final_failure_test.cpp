@@ -48,6 +48,15 @@ TEST_F(FaultTest, CheckpointOfAnotherWorldSizeIsNotRestarted) {
   EXPECT_NE(r.err.find("--set checkpoint.reshard=load_replicated_only"), std::string::npos) << r.err;
 }
 
+// The program's own error type says it is not restartable; its message has none of the words
+// tandemrun once matched (issue 38): the error file's fields decide.
+TEST_F(FaultTest, AnErrorMarkedNotRestartableIsNotRestartedWhateverItsMessage) {
+  const RunResult r = run("permanent", {"--max-restarts", "3"},
+                          {"FAULT_RANK=1", "FAULT_STEP=3", "FAULT_KIND=permanent"});
+  expect_stopped_at_once(r, "ModelFormatError: the weights are of format 3; this build reads 2");
+  EXPECT_NE(r.err.find("not restartable"), std::string::npos) << r.err;
+}
+
 TEST_F(FaultTest, UnwritableCheckpointDirectoryIsNotRestarted) {
   // A directory below a regular file can never be created (root included).
   std::ofstream(dir_ + "/file") << "not a directory\n";

@@ -158,14 +158,16 @@ int fail_once(int failing_rank, int code) {
   return 0;
 }
 
-bool write_error(const std::string& message) {
+// An error file as tandem::run_main writes it: `kind` as the launch contract spells it.
+bool write_error(const std::string& message, const std::string& kind) {
   const char* path = std::getenv("TORCHELASTIC_ERROR_FILE");
   if (path == nullptr) return false;
   const int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return false;
   put(fd, "{\"message\": {\"message\": \"" + message +
               "\", \"extraInfo\": {\"py_callstack\": \"\", \"timestamp\": \"" +
-              std::to_string(std::time(nullptr)) + "\"}}}");
+              std::to_string(std::time(nullptr)) + "\", \"kind\": \"" + kind +
+              "\", \"restartable\": true}}}");
   ::close(fd);
   return true;
 }
@@ -173,12 +175,12 @@ bool write_error(const std::string& message) {
 int cascade(int primary, int secondary) {
   if (rank() == secondary) {
     sleep_ms(100);
-    write_error("tandem::CommError: allreduce failed: a peer rank probably died");
+    write_error("tandem::CommError: allreduce failed: a peer rank probably died", "comm");
     return 1;
   }
   if (rank() == primary) {
     sleep_ms(600);
-    write_error("ValueError: the real cause");
+    write_error("ValueError: the real cause", "exception");
     return 3;
   }
   return sleep_then(0);

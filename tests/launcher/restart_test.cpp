@@ -12,7 +12,8 @@
 #include <string>
 
 #include "tests/launcher/tandemrun_process.h"
-#include "tools/tandemrun/error_file.h"
+#include "base/launch_contract.h"
+#include "tools/tandemrun/root_cause.h"
 
 namespace tandem::launcher_test {
 namespace {
@@ -266,27 +267,59 @@ TEST(RestartTest, SigkillOfTandemrunDuringARestartLeavesNoWorkerBehind) {
 
 // parse_error_file(), the reader of TorchElastic's error-file format.
 TEST(ErrorFileTest, ParsesTorchElasticFormatWithEscapes) {
-  const auto e = launcher::parse_error_file(
+  const auto e = launch::parse_error_file(
       R"({"message": {"message": "RuntimeError: a \"quoted\" \\ path\nline2 \u00e9\ud83d\ude00",)"
       R"( "extraInfo": {"py_callstack": "Traceback\n  x", "timestamp": "1700000000"}}})");
   ASSERT_TRUE(e.has_value());
   EXPECT_EQ(e->message, "RuntimeError: a \"quoted\" \\ path\nline2 \xc3\xa9\xf0\x9f\x98\x80");
   EXPECT_EQ(e->callstack, "Traceback\n  x");
   EXPECT_EQ(e->timestamp, 1700000000);
+  // A Python worker's file has no kind: an ordinary failure that a restart may fix.
+  EXPECT_EQ(e->kind, launch::ErrorKind::kException);
+  EXPECT_TRUE(e->restartable);
+}
+
+// The launch contract's own fields round-trip, and tandemrun decides from them alone.
+TEST(ErrorFileTest, KindAndRestartableRoundTripAndDecideTheRestart) {
+  launch::ErrorReport report;
+  report.message = "app::ModelVersionError: weights of format 3, this build reads 2";
+  report.callstack = "C++ exception\n";
+  report.timestamp = 1700000000;
+  report.kind = launch::ErrorKind::kError;
+  report.restartable = false;
+  const auto back = launch::parse_error_file(launch::error_file_json(report));
+  ASSERT_TRUE(back.has_value());
+  EXPECT_EQ(back->message, report.message);
+  EXPECT_EQ(back->callstack, report.callstack);
+  EXPECT_EQ(back->timestamp, report.timestamp);
+  EXPECT_EQ(back->kind, launch::ErrorKind::kError);
+  EXPECT_FALSE(back->restartable);
+  EXPECT_NE(launcher::final_reason(std::nullopt, back), "");
+  // The words tandemrun once matched mean nothing without the fields.
+  report.message = "tandem::CheckpointError: tandem: checkpoint: cannot resume: Permission denied";
+  report.kind = launch::ErrorKind::kCheckpoint;
+  report.restartable = true;
+  EXPECT_EQ(launcher::final_reason(std::nullopt, report), "");
+  // A communication kind is a consequence, whatever the message says.
+  report.kind = launch::ErrorKind::kPeerLost;
+  EXPECT_TRUE(launcher::looks_secondary(report));
+  report.kind = launch::ErrorKind::kError;
+  report.message = "tandem::CommError: looks like one";
+  EXPECT_FALSE(launcher::looks_secondary(report));
 }
 
 TEST(ErrorFileTest, ParsesTheFlatFormAndRejectsGarbage) {
   const auto flat =
-      launcher::parse_error_file(R"({"message": "boom", "timestamp": 12, "x": [1, {"a": null}]})");
+      launch::parse_error_file(R"({"message": "boom", "timestamp": 12, "x": [1, {"a": null}]})");
   ASSERT_TRUE(flat.has_value());
   EXPECT_EQ(flat->message, "boom");
   EXPECT_EQ(flat->timestamp, 12);
-  EXPECT_FALSE(launcher::parse_error_file("").has_value());
-  EXPECT_FALSE(launcher::parse_error_file("{\"message\": {\"message\": \"cut").has_value());
-  EXPECT_FALSE(launcher::parse_error_file("{\"other\": 1}").has_value());
-  EXPECT_FALSE(launcher::parse_error_file("{\"message\": 1}").has_value());
-  EXPECT_FALSE(launcher::parse_error_file("{} trailing").has_value());
-  EXPECT_FALSE(launcher::read_error_file("/nonexistent/tandem/error.json").has_value());
+  EXPECT_FALSE(launch::parse_error_file("").has_value());
+  EXPECT_FALSE(launch::parse_error_file("{\"message\": {\"message\": \"cut").has_value());
+  EXPECT_FALSE(launch::parse_error_file("{\"other\": 1}").has_value());
+  EXPECT_FALSE(launch::parse_error_file("{\"message\": 1}").has_value());
+  EXPECT_FALSE(launch::parse_error_file("{} trailing").has_value());
+  EXPECT_FALSE(launch::read_error_file("/nonexistent/tandem/error.json").has_value());
 }
 
 }  // namespace

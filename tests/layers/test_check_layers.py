@@ -134,6 +134,21 @@ class CheckLayers(unittest.TestCase):
         self.assertEqual(code, 1, out)
         self.assertIn('spell private includes from the repository root', out)
 
+    def test_dynamic_cast_to_a_concrete_communicator_fails(self):
+        code, out = run_check(self.planted(
+            "collectives/codec_wire.cpp",
+            "static auto* g(tandem::Communicator* c) { return dynamic_cast<tandem::GlooCommunicator*>(c); }"))
+        self.assertEqual(code, 1, out)
+        self.assertIn("collectives/codec_wire.cpp:1: dynamic_cast to GlooCommunicator: ask the "
+                      "communicator for the capability", out)
+
+    def test_dynamic_cast_in_a_test_passes(self):
+        # Tests may look at a backend's internals.
+        code, out = run_check(self.planted(
+            "tests/unit/backend_test.cpp",
+            "static auto* g(tandem::Communicator* c) { return dynamic_cast<tandem::GlooCommunicator*>(c); }"))
+        self.assertEqual(code, 0, out)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

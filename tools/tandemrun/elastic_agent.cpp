@@ -13,6 +13,7 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/launch_contract.h"
 #include "tools/tandemrun/fd_io.h"
 #include "tools/tandemrun/ft_reporter.h"
 #include "tools/tandemrun/job_token.h"
@@ -26,9 +27,9 @@
 namespace tandem::launcher {
 namespace {
 
-constexpr int kExitFailed = 1;
-constexpr int kExitUsage = 2;
-constexpr int kExitFinal = 2;  // a failure no restart can fix (as on one node, main.cpp)
+using launch::kExitFailed;  // the launch contract's exit codes (base/launch_contract.h)
+using launch::kExitFinal;   // a failure no restart can fix, as on one node
+constexpr int kExitUsage = launch::kExitFinal;
 constexpr std::chrono::milliseconds kHookInterval{100};
 constexpr std::chrono::milliseconds kPoll{50};
 
@@ -142,7 +143,7 @@ RoundFailure Agent::handle_local_failure(const Round& round, const MonitorResult
            "; stopping this node's workers (SIGTERM, SIGKILL after " +
            seconds_text(options_.grace_period_s) + ")");
   std::optional<RoundFailure> elsewhere;
-  const auto error = read_error_file(first_seen.error_file);
+  const auto error = launch::read_error_file(first_seen.error_file);
   if (error && looks_secondary(*error)) {
     // A peer went away: the cause may be on this node (a worker still failing) or on another
     // (a failure report, or a node whose keep-alive stops). Wait a bounded time to learn which.
@@ -153,7 +154,7 @@ RoundFailure Agent::handle_local_failure(const Round& round, const MonitorResult
     auto local_cause = [this] {
       for (const auto& w : group_.workers()) {
         if (!w.failed_on_its_own()) continue;
-        const auto e = read_error_file(w.error_file);
+        const auto e = launch::read_error_file(w.error_file);
         if (!e || !looks_secondary(*e)) return true;
       }
       return false;

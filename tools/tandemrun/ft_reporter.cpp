@@ -7,6 +7,7 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/launch_contract.h"
 #include "tools/tandemrun/fd_io.h"
 #include "tools/tandemrun/rendezvous_store.h"
 #include "tools/tandemrun/run_summary.h"
@@ -43,13 +44,13 @@ FtReporter::FtReporter(const LauncherOptions& options, const std::string& host, 
 
 int FtReporter::report_failures(WorkerGroup& group, int restart_count) {
   int reported = 0;
-  const std::string prefix = ft_keys(options_, restart_count) + "/dead/";
+  const std::string keys = ft_keys(options_, restart_count);
   for (const Worker& w : group.workers()) {
     if (!w.failed_on_its_own() || reported_.count({w.local_rank, w.incarnation}) > 0) continue;
     if (w.hung && !w.exit) group.kill_worker(w.local_rank);
     const std::string what = describe_failure(w, options_.heartbeat_timeout_s);
-    store_->set(prefix + std::to_string(w.rank) + "." + std::to_string(w.incarnation), what);
-    store_->add(prefix + "count", 1);
+    store_->set(launch::ft_dead_key(keys, w.rank, w.incarnation), what);
+    store_->add(launch::ft_dead_count_key(keys), 1);
     reported_.insert({w.local_rank, w.incarnation});
     ++reported;
     log_line("rank " + std::to_string(w.rank) + " " + what +
@@ -66,18 +67,18 @@ void FtReporter::cut_off(const std::exception& e) const {
 }
 
 void FtReporter::report_lost_ranks(int first, int count, int restart_count, const std::string& what) {
-  const std::string prefix = ft_keys(options_, restart_count) + "/dead/";
+  const std::string keys = ft_keys(options_, restart_count);
   try {
     for (int rank = first; rank < first + count; ++rank)
-      store_->set(prefix + "any/" + std::to_string(rank), what);
-    store_->add(prefix + "count", 1);
+      store_->set(launch::ft_dead_any_key(keys, rank), what);
+    store_->add(launch::ft_dead_count_key(keys), 1);
   } catch (const std::exception& e) {
     cut_off(e);
   }
 }
 
 bool FtReporter::group_failed(int restart_count) {
-  const auto why = store_->get(ft_keys(options_, restart_count) + "/group_failed");
+  const auto why = store_->get(launch::ft_group_failed_key(ft_keys(options_, restart_count)));
   if (why) log_line("the workers cannot go on without a restart: " + *why);
   return why.has_value();
 }

@@ -18,8 +18,8 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/launch_contract.h"
 #include "tools/tandemrun/elastic_agent.h"
-#include "tools/tandemrun/error_file.h"
 #include "tools/tandemrun/fd_io.h"
 #include "tools/tandemrun/free_port.h"
 #include "tools/tandemrun/ft_reporter.h"
@@ -34,11 +34,12 @@
 namespace tandem::launcher {
 namespace {
 
-constexpr int kExitWorkerFailed = 1;
-constexpr int kExitUsage = 2;
-// A failure a restart cannot fix (root_cause.h's final_reason): the same status as a bad command
-// line and as run_main's configuration error, so scripts tell "fix something" from "it crashed".
-constexpr int kExitFinal = 2;
+// The launch contract's exit codes (base/launch_contract.h): a failure a restart cannot fix
+// (root_cause.h's final_reason) has the status of a bad command line and of run_main's
+// configuration error, so scripts tell "fix something" from "it crashed".
+constexpr int kExitWorkerFailed = launch::kExitFailed;
+constexpr int kExitUsage = launch::kExitFinal;
+constexpr int kExitFinal = launch::kExitFinal;
 
 // How long the other workers may take to fail by themselves after a failure that looks like the
 // consequence of another one (bounded by --grace-period-s as well).
@@ -90,13 +91,13 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
           // A worker that failed because a peer failed first (its communicator saw the peer go)
           // may exit before that peer has finished failing: give the others a moment to fail by
           // themselves and write their error files, so the root cause is the peer.
-          const auto error = read_error_file(first_seen.error_file);
+          const auto error = launch::read_error_file(first_seen.error_file);
           if (error && looks_secondary(*error)) {
             // Until some worker failed for a reason of its own.
             group.settle(std::min(grace, kSettleLimit), [&group] {
               for (const auto& w : group.workers()) {
                 if (!w.failed_on_its_own()) continue;
-                const auto e = read_error_file(w.error_file);
+                const auto e = launch::read_error_file(w.error_file);
                 if (!e || !looks_secondary(*e)) return true;
               }
               return false;

@@ -1,22 +1,15 @@
 #include "tools/tandemrun/root_cause.h"
 
-#include "base/strings.h"
-
 namespace tandem::launcher {
 
-bool looks_secondary(const WorkerError& error) {
-  for (const char* prefix : {"tandem::CommError:", "tandem::TimeoutError:"}) {
-    if (error.message.rfind(prefix, 0) == 0) return true;
-  }
-  return false;
-}
+bool looks_secondary(const launch::ErrorReport& error) { return launch::is_consequence(error.kind); }
 
 int root_cause_local_rank(const std::vector<Worker>& workers, int first_seen) {
   int best = -1;
   int best_order = 0;
   for (const auto& w : workers) {
     if (!w.failed_on_its_own() && w.local_rank != first_seen) continue;
-    const auto error = read_error_file(w.error_file);
+    const auto error = launch::read_error_file(w.error_file);
     if (error && looks_secondary(*error)) continue;
     if (best < 0 || w.failure_order < best_order) {
       best = w.local_rank;
@@ -27,21 +20,18 @@ int root_cause_local_rank(const std::vector<Worker>& workers, int first_seen) {
 }
 
 std::string final_reason(const std::optional<WorkerExit>& exit,
-                         const std::optional<WorkerError>& error) {
-  if (exit && !exit->signaled && exit->code == 2) return "a configuration error";
-  if (!error) return "";
-  const std::string& m = error->message;
-  const std::string type = m.substr(0, m.find(": "));
-  if (strings::ends_with(type, "ConfigError")) return "a configuration error";
-  if (type != "tandem::CheckpointError") return "";
-  if (strings::starts_with(m, "tandem::CheckpointError: tandem: checkpoint: cannot resume:"))
-    return "a checkpoint this run cannot resume from";
-  // The errno texts of a directory that will not become writable by trying again.
-  for (const char* cause : {"Permission denied", "Operation not permitted", "Read-only file system",
-                            "Not a directory", "exists and is not a directory"}) {
-    if (m.find(cause) != std::string::npos) return "a checkpoint directory that cannot be written";
+                         const std::optional<launch::ErrorReport>& error) {
+  if (exit && !exit->signaled && exit->code == launch::kExitFinal) return "a configuration error";
+  if (!error || error->restartable) return "";
+  switch (error->kind) {
+    case launch::ErrorKind::kConfig:
+      return "a configuration error";
+    case launch::ErrorKind::kCheckpoint:
+      return "a checkpoint error that trying again cannot fix";
+    default:
+      return std::string("an error of kind '") + launch::kind_name(error->kind) +
+             "' that its program reports as not restartable";
   }
-  return "";
 }
 
 }  // namespace tandem::launcher

@@ -69,7 +69,7 @@ FailureRecord record_failure(const Worker& failed, int restart_count, double hea
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) == 0) record.host = host;
   record.what = describe_failure(failed, heartbeat_timeout_s);
-  if (!failed.error_file.empty()) record.error = read_error_file(failed.error_file);
+  if (!failed.error_file.empty()) record.error = launch::read_error_file(failed.error_file);
   record.final_reason = final_reason(failed.exit, record.error);
   return record;
 }

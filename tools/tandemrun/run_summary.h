@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/tandemrun/error_file.h"
+#include "base/launch_contract.h"
 #include "tools/tandemrun/worker_group.h"
 
 namespace tandem::launcher {
@@ -28,7 +28,7 @@ struct FailureRecord {
   pid_t pid = -1;
   std::string host;
   std::string what;                  // "exited with code 3", "was killed by signal 9 (SIGKILL)", ...
-  std::optional<WorkerError> error;  // from its error file, when it wrote one
+  std::optional<launch::ErrorReport> error;  // from its error file, when it wrote one
   std::string final_reason;          // why a restart cannot fix it (root_cause.h); "" if it may
 };
 

@@ -2,6 +2,8 @@
 
 #include <map>
 
+#include "base/launch_contract.h"
+
 extern char** environ;  // POSIX; declared here because <unistd.h> hides it without _GNU_SOURCE
 
 namespace tandem::launcher {
@@ -19,7 +21,7 @@ bool has_key(const std::vector<std::string>& env, const std::string& key) {
 }  // namespace
 
 std::string ft_keys(const LauncherOptions& options, int restart_count) {
-  return "tandemrun/" + options.run_id + "/restart" + std::to_string(restart_count) + "/ft";
+  return launch::ft_prefix(options.run_id, restart_count);
 }
 
 int global_rank(const LauncherOptions& options, int local_rank) {
@@ -57,10 +59,10 @@ std::vector<std::string> build_worker_env(const LauncherOptions& options, const 
   if (omp_threads_defaulted(options, base_env)) vars["OMP_NUM_THREADS"] = "1";
   // Per-worker channels; an inherited value would point every worker at the same file.
   const std::map<std::string, std::string> channels = {
-      {"TORCHELASTIC_ERROR_FILE", slot.error_file}, {"TANDEM_HEARTBEAT_FILE", slot.heartbeat_file},
-      {"TANDEM_FLIGHT_RECORDER_DIR", slot.flight_dir}, {"TANDEM_METRICS_FILE", slot.metrics_file},
-      {"TANDEM_FT", options.ft ? ft_keys(options, slot.restart_count) : std::string()},
-      {"TANDEM_REPLACEMENT", slot.incarnation > 0 ? std::to_string(slot.incarnation) : std::string()}};
+      {launch::kEnvErrorFile, slot.error_file}, {launch::kEnvHeartbeatFile, slot.heartbeat_file},
+      {launch::kEnvFlightRecorderDir, slot.flight_dir}, {launch::kEnvMetricsFile, slot.metrics_file},
+      {launch::kEnvFtKeys, options.ft ? ft_keys(options, slot.restart_count) : std::string()},
+      {launch::kEnvReplacement, slot.incarnation > 0 ? std::to_string(slot.incarnation) : std::string()}};
 
   std::vector<std::string> env;
   env.reserve(base_env.size() + vars.size());

@@ -16,12 +16,18 @@ namespace tandem {
 class Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+  // False when running the same program on the same inputs again cannot succeed. tandem::run_main
+  // records it in the error file, and tandemrun then stops the job instead of restarting it
+  // (docs/launcher.md "Failures a restart cannot fix"). A program's own error type may override it.
+  virtual bool restartable() const noexcept { return true; }
 };
 
-// A configuration, option or environment value is missing, malformed or out of range.
+// A configuration, option or environment value is missing, malformed or out of range. Never
+// restartable: the config must change first.
 class ConfigError : public Error {
  public:
   using Error::Error;
+  bool restartable() const noexcept override { return false; }
 };
 
 // A collective, point-to-point op or rendezvous failed (peer died, connection reset, bad input).
@@ -45,10 +51,17 @@ class PeerLostError : public CommError {
   using CommError::CommError;
 };
 
-// A training-state checkpoint could not be written, read or verified.
+// A training-state checkpoint (or another file) could not be written, read or verified. Not
+// restartable when trying again cannot help: a checkpoint that does not fit this run, a directory
+// that cannot be written (permissions, a read-only file system, a file in the way).
 class CheckpointError : public Error {
  public:
-  using Error::Error;
+  explicit CheckpointError(const std::string& what, bool restartable = true)
+      : Error(what), restartable_(restartable) {}
+  bool restartable() const noexcept override { return restartable_; }
+
+ private:
+  bool restartable_;
 };
 
 // An allocation could not be satisfied even after releasing cached memory.

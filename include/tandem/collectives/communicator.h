@@ -86,6 +86,19 @@ struct P2POp {
   uint32_t tag = 0;
 };
 
+// An optional capability of a communicator (Communicator::narrowed_allreduce()): the sum of a
+// float32 tensor whose values travel as `wire` (kHalf, kBFloat16), each rank sending
+// (tensor / divisor) rounded, the casts fused into the transport (shared memory). Returns null for
+// a call it cannot take that way (another op path, a tensor that is not contiguous float32): the
+// caller then casts itself; the same op goes on the wire, so ranks may differ in which they take.
+class NarrowedAllreduce {
+ public:
+  virtual WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) = 0;
+
+ protected:
+  ~NarrowedAllreduce() = default;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -156,6 +169,14 @@ class Communicator {
   // for every sub-group made from it (new_group/split) that is still alive, since they connect the
   // same peers.
   virtual void abort(const std::string& reason) = 0;
+
+  // Optional capabilities are asked for, never found by casting to a backend: each query returns
+  // null where there is none (the default); a wrapper answers for what it wraps.
+  // The fused narrowed all-reduce (Gloo's shared-memory path); valid as long as this communicator.
+  virtual NarrowedAllreduce* narrowed_allreduce() { return nullptr; }
+  // A wrapper's communicator underneath (a probe that must not count as the wrapper's traffic
+  // runs there); null for a backend.
+  virtual Communicator* underlying() { return nullptr; }
 };
 
 }  // namespace tandem

@@ -162,7 +162,7 @@ class FaultTolerantWorld {
   int launch_rank_ = 0;
   int launch_size_ = 0;  // WORLD_SIZE
   std::string prefix_;  // this attempt's keys
-  std::string dead_prefix_;  // the launcher's reports
+  std::string ft_keys_;  // where the launcher reports (TANDEM_FT, base/launch_contract.h)
   std::string group_failed_;  // to the launcher: restart the group
   std::shared_ptr<Communicator> world_;
   std::vector<int> members_;

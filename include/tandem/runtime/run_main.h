@@ -12,9 +12,11 @@
 // in TorchElastic's JSON format (the one torch.distributed.elastic's @record writes):
 //
 //   {"message": {"message": "<Type>: <what>",
-//                "extraInfo": {"py_callstack": "<text>", "timestamp": "<unix seconds>"}}}
+//                "extraInfo": {"py_callstack": "<text>", "timestamp": "<unix seconds>",
+//                              "kind": "<what failed>", "restartable": <bool>}}}
 //
-// tandemrun sets that variable per worker and prints the message as the failure's root cause;
+// tandemrun sets that variable per worker, prints the message as the failure's root cause, and
+// restarts only what `restartable` allows (tandem::Error::restartable(); base/launch_contract.h);
 // torchrun reads the same file. See docs/launcher.md.
 //
 // Ownership: run_main owns the fatal-signal handlers (and their alternate stack) for the duration
