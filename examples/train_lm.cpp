@@ -11,7 +11,7 @@
 // precision: --set precision.autocast=bf16 --set precision.param_dtype=bf16 trains bf16 parameters
 // under bf16 autocast while AdamW steps fp32 masters (examples/configs/train_lm_bf16.yaml). Gradients are bucketed
 // and all-reduced while backward runs; rank 0 prints a progress line every metrics.log_every steps
-// (loss, samples/s, ETA, peak memory, overlap), then a greedy sample of what the model learned, and
+// (loss, samples/s, ETA, peak memory, hidden communication), then a greedy sample of what the model learned, and
 // saves the trained model (torch::save) to --save. Byte-level tokens, so any text file works;
 // without train.data a synthetic text from a small grammar is used. The model's shape comes from
 // the program's own flags (--context, --dim, --layers, --heads). Same seed and world size: same

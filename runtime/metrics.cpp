@@ -145,7 +145,7 @@ std::optional<ProgressRecord> ProgressLogger::step(int64_t step, double loss, in
   }
   r.peak_bytes = sources_.peak_bytes();
   const double reduction_s = window_reduction_.hidden_s + window_reduction_.waited_s;
-  if (reduction_s > 0) r.overlap = window_reduction_.hidden_s / reduction_s;
+  if (reduction_s > 0) r.hidden = window_reduction_.hidden_s / reduction_s;
   window_start_s_ = now;
   window_samples_ = 0;
   window_steps_ = 0;
@@ -184,7 +184,7 @@ std::string ProgressLogger::format_line(const ProgressRecord& r) {
   line += " loss " + fixed(r.loss, 4) + " " + fixed(r.samples_per_s, 0) + " samples/s";
   if (r.eta_s) line += " ETA " + format_duration(*r.eta_s);
   line += " peak " + fixed(static_cast<double>(r.peak_bytes) / (1024.0 * 1024.0), 0) + " MiB";
-  if (r.overlap) line += " overlap " + fixed(100.0 * *r.overlap, 0) + "%";
+  if (r.hidden) line += " hidden " + fixed(100.0 * *r.hidden, 0) + "%";
   return line;
 }
 
@@ -197,7 +197,7 @@ std::string ProgressLogger::format_json(const ProgressRecord& r) {
   j.set("elapsed_s", json_number(r.elapsed_s));
   if (r.eta_s) j.set("eta_s", json_number(*r.eta_s));
   j.set("peak_bytes", JsonValue(static_cast<int64_t>(r.peak_bytes)));
-  if (r.overlap) j.set("overlap", json_number(*r.overlap));
+  if (r.hidden) j.set("hidden", json_number(*r.hidden));
   return j.dump();
 }
 

@@ -30,7 +30,26 @@ import os
 import re
 import sys
 
-import numpy as np
+
+def _venv_python():
+    """tandem's venv python (scripts/env.sh: $TANDEM_VENV, default ~/.local/share/tandem/venv)."""
+    venv = os.environ.get("TANDEM_VENV") or os.path.join(
+        os.environ.get("XDG_DATA_HOME") or os.path.expanduser("~/.local/share"), "tandem", "venv")
+    return os.path.join(venv, "bin", "python3")
+
+
+try:
+    import numpy as np
+except ModuleNotFoundError:
+    # Run as docs/checkpoints.md shows it, from a shell whose python3 lacks numpy: start again on
+    # the venv's python, which scripts/install-deps gives numpy and xxhash.
+    if __name__ != "__main__":
+        raise
+    python = _venv_python()
+    if not os.access(python, os.X_OK) or os.path.realpath(sys.executable) == os.path.realpath(python):
+        raise SystemExit("checkpoint_reader.py: needs numpy, which %s lacks; run scripts/install-deps "
+                         "(it puts numpy into %s) or pip install numpy" % (sys.executable, python))
+    os.execv(python, [python] + sys.argv)
 
 from checkpoint_format import (DTYPES, INT64_MAX, MAX_MANIFEST, CheckpointError, Reject, Tensor,  # noqa: F401
                                fail, header_length, identical_values, parse_manifest, parse_shard_header,

@@ -57,20 +57,20 @@ TEST_F(MetricsTest, LineAndJsonEveryNStepsWithGlobalRateAndEta) {
   now_ = 112;
   logger.step(4, 0.2, 8);  // 32 samples in 10 s; 5 s per step, 6 left
   EXPECT_EQ(out.str(),
-            "step 2/10 loss 0.4312 16 samples/s ETA 8s peak 212 MiB overlap 75%\n"
-            "step 4/10 loss 0.2000 3 samples/s ETA 30s peak 212 MiB overlap 75%\n");
+            "step 2/10 loss 0.4312 16 samples/s ETA 8s peak 212 MiB hidden 75%\n"
+            "step 4/10 loss 0.2000 3 samples/s ETA 30s peak 212 MiB hidden 75%\n");
   const auto lines = file_lines(options.file);
   ASSERT_EQ(lines.size(), 2u);
   EXPECT_EQ(lines[0],
             "{\"step\":2,\"total_steps\":10,\"loss\":0.4312,\"samples_per_s\":16,\"elapsed_s\":2,"
-            "\"eta_s\":8,\"peak_bytes\":222298112,\"overlap\":0.75}");
+            "\"eta_s\":8,\"peak_bytes\":222298112,\"hidden\":0.75}");
   const JsonValue second = parse_json(lines[1]);
   EXPECT_EQ(second.at("step", "s").as_int("s"), 4);
   EXPECT_DOUBLE_EQ(second.at("samples_per_s", "r").as_double("r"), 3.2);
   EXPECT_DOUBLE_EQ(second.at("elapsed_s", "e").as_double("e"), 12);
 }
 
-// A line's overlap covers every step since the previous line, not the last step alone: steps
+// A line's "hidden" covers every step since the previous line, not the last step alone: steps
 // that alternate between reductions hidden under backward and reductions waited for after it
 // give one share, not 100% on one line and 0% on the next.
 TEST_F(MetricsTest, OverlapIsTheHiddenShareOfEveryReductionSinceTheLastLine) {
@@ -86,11 +86,11 @@ TEST_F(MetricsTest, OverlapIsTheHiddenShareOfEveryReductionSinceTheLastLine) {
     now_ += 1;
     const auto r = logger.step(s, 1.0, 4);
     if (s % 2 == 0) {
-      ASSERT_TRUE(r && r->overlap);
-      EXPECT_DOUBLE_EQ(*r->overlap, 0.375) << "step " << s;  // 0.375 of 1.0 s
+      ASSERT_TRUE(r && r->hidden);
+      EXPECT_DOUBLE_EQ(*r->hidden, 0.375) << "step " << s;  // 0.375 of 1.0 s
     }
   }
-  EXPECT_NE(out.str().find("step 4/4 loss 1.0000 4 samples/s ETA 0s peak 212 MiB overlap 38%"),
+  EXPECT_NE(out.str().find("step 4/4 loss 1.0000 4 samples/s ETA 0s peak 212 MiB hidden 38%"),
             std::string::npos)
       << out.str();
 }
@@ -143,7 +143,7 @@ TEST_F(MetricsTest, DefaultPeakMemoryIsPositive) {
   const auto r = logger.step(1, 0.0, 1);
   ASSERT_TRUE(r);
   EXPECT_GT(r->peak_bytes, 0);
-  EXPECT_FALSE(r->overlap);
+  EXPECT_FALSE(r->hidden);
 }
 
 TEST_F(MetricsTest, DurationsAndBadOptions) {

@@ -6,7 +6,7 @@
 //   for (int64_t step = 1; step <= total_steps; ++step) { ...; logger.step(step, loss, batch); }
 //
 // prints on rank 0, e.g.
-//   step 120/1000 loss 0.4312 1834 samples/s ETA 2m31s peak 212 MiB overlap 71%
+//   step 120/1000 loss 0.4312 1834 samples/s ETA 2m31s peak 212 MiB hidden 71%
 // `step` is the number of steps done (1-based); `samples` is what this rank processed in that
 // step; samples/s is global (times `world`), measured since the previous line; ETA extrapolates
 // that pace. Peak memory is the installed tandem CPU allocator's allocated-bytes high-water mark
@@ -58,7 +58,7 @@ struct ReductionTimes {
 struct ProgressSources {
   std::function<double()> clock;         // seconds, monotonic; default: steady_clock
   std::function<int64_t()> peak_bytes;   // default: allocator peak, else max RSS
-  // The last step's reduction, read after every step; default: none (no overlap printed).
+  // The last step's reduction, read after every step; default: none (no "hidden" printed).
   std::function<std::optional<ReductionTimes>()> reduction;
 };
 
@@ -71,7 +71,8 @@ struct ProgressRecord {
   double elapsed_s = 0;
   std::optional<double> eta_s;  // unknown without total_steps
   int64_t peak_bytes = 0;
-  std::optional<double> overlap;
+  // The share of the gradient reduction that ran behind backward (the timeline summary's "hidden").
+  std::optional<double> hidden;
 };
 
 class ProgressLogger {
