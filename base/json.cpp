@@ -179,14 +179,14 @@ class Builder {
 
 // The nlohmann value to serialise; object members are appended as they are (the caller owns keys),
 // without ordered_map's linear search for an existing key.
-ordered_json to_nlohmann(const JsonValue& v) {
+ordered_json to_nlohmann(const JsonValue& v, JsonErrors mode) {
   switch (v.type()) {
     case JsonValue::Type::kNull: return nullptr;
     case JsonValue::Type::kBool: return v.as_bool("");
     case JsonValue::Type::kInt: return v.as_int("");
     case JsonValue::Type::kDouble: {
       const double d = v.as_double("");
-      if (!std::isfinite(d)) raise(v.errors(), "cannot write a non-finite number to JSON", false);
+      if (!std::isfinite(d)) raise(mode, "cannot write a non-finite number to JSON", false);
       return d;
     }
     case JsonValue::Type::kString: return v.as_string("");
@@ -194,7 +194,7 @@ ordered_json to_nlohmann(const JsonValue& v) {
       ordered_json a = ordered_json::array();
       auto& items = a.get_ref<ordered_json::array_t&>();
       items.reserve(v.as_array("").size());
-      for (const auto& e : v.as_array("")) items.push_back(to_nlohmann(e));
+      for (const auto& e : v.as_array("")) items.push_back(to_nlohmann(e, mode));
       return a;
     }
     case JsonValue::Type::kObject: {
@@ -202,7 +202,7 @@ ordered_json to_nlohmann(const JsonValue& v) {
       using Members = ordered_json::object_t::Container;
       auto& members = static_cast<Members&>(o.get_ref<ordered_json::object_t&>());
       members.reserve(v.as_object("").size());
-      for (const auto& [k, e] : v.as_object("")) members.emplace_back(k, to_nlohmann(e));
+      for (const auto& [k, e] : v.as_object("")) members.emplace_back(k, to_nlohmann(e, mode));
       return o;
     }
   }
@@ -293,16 +293,12 @@ JsonValue& JsonValue::set(std::string key, JsonValue v) {
 
 std::string JsonValue::dump(int indent) const {
   try {
-    return to_nlohmann(*this).dump(indent < 0 ? -1 : indent);
+    return to_nlohmann(*this, errors_).dump(indent < 0 ? -1 : indent);
   } catch (const ordered_json::type_error& e) {  // 316: a string is not valid UTF-8
     raise(errors_, std::string("cannot write JSON: ") + e.what() +
                        "; names and string values must be valid UTF-8",
           false);
   }
-}
-
-JsonValue parse_json(std::string_view text, const JsonLimits& limits) {
-  return parse_json(text, JsonErrors::kCheckpoint, limits);
 }
 
 JsonValue parse_json(std::string_view text, JsonErrors errors, const JsonLimits& limits) {

@@ -18,8 +18,9 @@
 // Thread-safety: const methods may be called concurrently; parse_json is reentrant.
 // Errors: saying at which byte offset and what was expected (reading), which member had the
 // wrong type or is missing (typed access), or what cannot be written (dump), raised as the
-// caller's JsonErrors asks: CheckpointError in a checkpoint's words, or JsonError with the bare
-// sentence for a caller that names its own file (a trace, an error file, a tune record).
+// caller's JsonErrors asks: JsonError with the bare sentence, base's own words, for a caller that
+// names its own file (a trace, an error file, a tune record), or CheckpointError in a checkpoint's
+// words where checkpoint/ asks for them.
 #pragma once
 
 #include <tandem/base/errors.h>
@@ -42,13 +43,14 @@ class JsonError : public Error {
 };
 
 // How a value reports its errors. A parsed value and all of it keep the mode of their parse_json
-// call; a value built in code has kCheckpoint unless set_errors() says otherwise.
+// call; a value built in code has kPlain unless set_errors() says otherwise, and dump() raises in
+// the mode of the value dumped.
 enum class JsonErrors : unsigned char {
+  // JsonError with the bare sentence: a file whose reader names it in its own words.
+  kPlain,
   // CheckpointError in a checkpoint's words: "tandem: checkpoint: <what>; the file is corrupt or not
   // a tandem checkpoint." What checkpoint/ reads and writes (manifests, shard headers, records).
   kCheckpoint,
-  // JsonError with the bare sentence: any other file, which its reader names in its own words.
-  kPlain,
 };
 
 struct JsonLimits {
@@ -109,7 +111,7 @@ class JsonValue {
 
  private:
   Type type_ = Type::kNull;
-  JsonErrors errors_ = JsonErrors::kCheckpoint;  // in the padding after type_: no size cost
+  JsonErrors errors_ = JsonErrors::kPlain;  // in the padding after type_: no size cost
   bool bool_ = false;
   int64_t int_ = 0;
   double double_ = 0;
@@ -119,8 +121,7 @@ class JsonValue {
 };
 
 // Parses exactly one JSON value spanning all of `text` (whitespace around it allowed). Errors, and
-// the value's own later ones, are raised as `errors` says; without it, as a checkpoint's.
-JsonValue parse_json(std::string_view text, const JsonLimits& limits = {});
+// the value's own later ones, are raised as `errors` says.
 JsonValue parse_json(std::string_view text, JsonErrors errors, const JsonLimits& limits = {});
 
 // Appends `s` as a JSON string literal (with quotes) to `out`; bytes that are not valid UTF-8

@@ -15,11 +15,17 @@
 // without them (a Python worker's, the older flat form {"message": "<text>", "timestamp": N}) is an
 // ordinary failure that a restart may fix.
 //
+// The worker's environment is read in two places only (scripts/check-layers holds it): DistEnv
+// (runtime/dist_env.h) parses and checks the launcher's rank variables, and env() below reads the
+// others, each by a name declared here.
+//
 // Torch-free. Ownership: values only. Thread-safety: pure functions (read_error_file reads a
-// file). Errors: nothing throws; parse_error_file and read_error_file return nullopt for a
-// missing or malformed file.
+// file; env() and environment() read the environment, so they race with a concurrent setenv).
+// Errors: nothing throws; parse_error_file and read_error_file return nullopt for a missing or
+// malformed file.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 
@@ -33,6 +39,22 @@ inline constexpr char kEnvMetricsFile[] = "TANDEM_METRICS_FILE";
 inline constexpr char kEnvFtKeys[] = "TANDEM_FT";               // store prefix of ft_*_key below
 inline constexpr char kEnvReplacement[] = "TANDEM_REPLACEMENT";  // incarnation of a replacement
 inline constexpr char kEnvStandbyFd[] = "TANDEM_STANDBY_FD";     // tandemrun --standby's socket
+// The launcher's rank variables (torchrun's names; DistEnv parses and checks them), for what must
+// name its rank before or without DistEnv (the flight recorder's dumps).
+inline constexpr char kEnvRank[] = "RANK";
+inline constexpr char kEnvWorldSize[] = "WORLD_SIZE";
+inline constexpr char kEnvLocalWorldSize[] = "LOCAL_WORLD_SIZE";
+inline constexpr char kEnvRunId[] = "TORCHELASTIC_RUN_ID";
+// Set by the user, not the launcher: "0" turns the flight recorder off; its ring's entries.
+inline constexpr char kEnvFlightRecorder[] = "TANDEM_FLIGHT_RECORDER";
+inline constexpr char kEnvFlightRecorderEntries[] = "TANDEM_FLIGHT_RECORDER_ENTRIES";
+
+// The value of variable `name` (one of the kEnv names above); nullopt when it is unset or empty.
+std::optional<std::string> env(const char* name);
+// `name` as a decimal integer; `fallback` when unset, empty or not a number.
+long env_int(const char* name, long fallback);
+// Every variable of the environment (the config loader's TANDEM_<SECTION>_<KEY>, docs/config.md).
+std::map<std::string, std::string> environment();
 
 // ---- exit codes, of a worker and of tandemrun --------------------------------------------------
 inline constexpr int kExitFailed = 1;  // failed; a restart may help

@@ -67,6 +67,7 @@ const ManifestFile* Manifest::file_of_rank(int rank) const {
 
 std::string encode_manifest(const Manifest& m) {
   JsonValue root = JsonValue::object();
+  root.set_errors(JsonErrors::kCheckpoint);  // what cannot be written is said as a checkpoint's
   root.set("manifest_xxh3", hash_hex(0));  // placeholder, patched below
   root.set("format", kCheckpointFormatName);
   root.set("version", m.version);
@@ -126,7 +127,7 @@ Manifest parse_manifest(std::string_view text) {
   JsonLimits limits;
   limits.max_input_bytes = kMaxManifestBytes;
   limits.max_depth = 10;
-  const JsonValue root = parse_json(text, limits);
+  const JsonValue root = parse_json(text, JsonErrors::kCheckpoint, limits);
   Manifest m;
   if (root.at("format", "manifest").as_string("manifest.format") != kCheckpointFormatName) {
     corrupt("manifest.format is not \"tandem-checkpoint\"");

@@ -65,6 +65,7 @@ CheckpointValue decode_value_string(const std::string& s, const std::string& wha
 
 std::string encode_shard_header(ShardHeader* header, bool assign_offsets) {
   JsonValue root = JsonValue::object();
+  root.set_errors(JsonErrors::kCheckpoint);  // what cannot be written is said as a checkpoint's
   JsonValue meta = JsonValue::object();
   meta.set("format", kCheckpointFormatName);
   meta.set("version", std::to_string(kCheckpointFormatVersion));
@@ -125,7 +126,7 @@ ShardHeader parse_shard_header(std::string_view json, uint64_t file_size) {
   JsonLimits limits;
   limits.max_input_bytes = kMaxShardHeaderBytes;
   limits.max_depth = 8;
-  const JsonValue root = parse_json(json, limits);
+  const JsonValue root = parse_json(json, JsonErrors::kCheckpoint, limits);
   ShardHeader h;
   h.header_bytes = 8 + json.size();
   bool has_meta = false;

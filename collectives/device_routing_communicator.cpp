@@ -30,6 +30,12 @@ Communicator& DeviceRoutingCommunicator::route(const at::Tensor& out, const at::
   return route(in);
 }
 
+WorkPtr DeviceRoutingCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire,
+                                                      int divisor) {
+  if (tensor.is_cuda()) return nullptr;
+  return cpu_->narrowed_allreduce()->allreduce_narrowed(tensor, wire, divisor);
+}
+
 WorkPtr DeviceRoutingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
   return route(tensor).allreduce(tensor, op);
 }

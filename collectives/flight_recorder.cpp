@@ -3,6 +3,7 @@
 
 #include <tandem/collectives/flight_ring.h>
 
+#include "base/launch_contract.h"
 #include "collectives/flight_ring_layout.h"
 
 #include <fcntl.h>
@@ -30,8 +31,7 @@ double now_s() {
 }
 
 std::string env_or(const char* name, const std::string& fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? v : fallback;
+  return launch::env(name).value_or(fallback);
 }
 
 // The signal handler's end of the pipe (async-signal-safe: write(2) only).
@@ -63,8 +63,7 @@ class RecordWrite {
 };
 
 int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  return v != nullptr && *v != '\0' ? static_cast<int>(std::strtol(v, nullptr, 10)) : fallback;
+  return static_cast<int>(launch::env_int(name, fallback));
 }
 
 // The recorder whose ring a forked child must stop sharing (fork_child below).
@@ -85,12 +84,9 @@ FlightRecorder& FlightRecorder::instance() {
 }
 
 FlightRecorder::FlightRecorder() {
-  enabled_ = env_or("TANDEM_FLIGHT_RECORDER", "1") != "0";
-  size_t capacity = 2048;
-  if (const char* v = std::getenv("TANDEM_FLIGHT_RECORDER_ENTRIES")) {
-    const long n = std::strtol(v, nullptr, 10);
-    if (n > 0) capacity = static_cast<size_t>(n);
-  }
+  enabled_ = env_or(launch::kEnvFlightRecorder, "1") != "0";
+  const long entries = launch::env_int(launch::kEnvFlightRecorderEntries, 2048);
+  const size_t capacity = entries > 0 ? static_cast<size_t>(entries) : 2048;
   if (enabled_) map_ring(capacity);
   // A forked child gets a private copy of the ring: sharing it, its records would land in its
   // parent's (and the parent's in the child's view).
@@ -134,8 +130,8 @@ void FlightRecorder::map_ring(size_t capacity) {
   h->version = detail::kFlightRingVersion;
   h->record_size = sizeof(detail::FlightRingRecord);
   h->capacity = capacity;
-  h->rank = env_int("RANK", 0);
-  h->world_size = env_int("WORLD_SIZE", 1);
+  h->rank = env_int(launch::kEnvRank, 0);
+  h->world_size = env_int(launch::kEnvWorldSize, 1);
   h->pid = ::getpid();
   std::atomic_thread_fence(std::memory_order_release);
   // The magic last: a reader that sees it sees a whole header.
@@ -253,10 +249,10 @@ std::vector<FlightRecorder::Entry> FlightRecorder::entries() const {
 }
 
 std::string FlightRecorder::dump_path() const {
-  const std::string job = env_or("TORCHELASTIC_RUN_ID", "job");
+  const std::string job = env_or(launch::kEnvRunId, "job");
   const std::filesystem::path fallback = std::filesystem::temp_directory_path() / ("tandem-flight-" + job);
-  const std::string dir = env_or("TANDEM_FLIGHT_RECORDER_DIR", fallback.string());
-  return dir + "/flight_rank" + env_or("RANK", "0") + ".json";
+  const std::string dir = env_or(launch::kEnvFlightRecorderDir, fallback.string());
+  return dir + "/flight_rank" + env_or(launch::kEnvRank, "0") + ".json";
 }
 
 std::string FlightRecorder::dump(const std::string& reason, std::string* error) const {
@@ -267,8 +263,8 @@ std::string FlightRecorder::dump(const std::string& reason, std::string* error) 
   const std::string path = dump_path();
   FlightSnapshot snapshot;
   try {
-    snapshot.rank = env_int("RANK", 0);
-    snapshot.world_size = env_int("WORLD_SIZE", 1);
+    snapshot.rank = env_int(launch::kEnvRank, 0);
+    snapshot.world_size = env_int(launch::kEnvWorldSize, 1);
     snapshot.pid = ::getpid();
     snapshot.entries = entries();
   } catch (const std::exception& e) {  // out of memory for the copy

@@ -5,6 +5,7 @@
 #include <tandem/collectives/flight_recorder.h>
 #include <tandem/collectives/gloo_communicator.h>
 #include <tandem/collectives/nccl_communicator.h>
+#include <tandem/runtime/config.h>
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -129,32 +130,7 @@ Distributed::Distributed(Distributed&&) noexcept = default;
 Distributed& Distributed::operator=(const Distributed&) = default;
 Distributed& Distributed::operator=(Distributed&&) noexcept = default;
 
-InitOptions InitOptions::from_env() {
-  InitOptions o;
-  o.env = DistEnv::from_env();
-  if (const char* t = std::getenv("TANDEM_TIMEOUT_S")) {
-    char* end = nullptr;
-    const double seconds = std::strtod(t, &end);
-    if (*t == '\0' || *end != '\0' || !(seconds > 0)) {
-      throw ConfigError(std::string("tandem: TANDEM_TIMEOUT_S='") + t +
-                        "' must be a positive number of seconds.");
-    }
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
-  }
-  if (const char* shm = std::getenv("TANDEM_SHM")) {
-    const std::string v = shm;
-    if (v != "0" && v != "1") {
-      throw ConfigError("tandem: TANDEM_SHM='" + v + "' must be 0 (off) or 1 (on).");
-    }
-    o.shared_memory = v == "1";
-  }
-  if (const char* h = std::getenv("TANDEM_GLOO_HOSTNAME")) o.gloo_hostname = h;
-  if (const char* i = std::getenv("TANDEM_GLOO_IFNAME")) o.gloo_interface = i;
-  if (const char* b = std::getenv("TANDEM_COMM_BACKEND")) o.backend = b;  // checked by init()
-  if (!o.env.run_id.empty()) o.store_prefix = "tandem/" + o.env.run_id;
-  o.store_prefix += "/restart" + std::to_string(o.env.restart_count);
-  return o;
-}
+InitOptions InitOptions::from_env() { return load_comm_config(process_environment()); }
 
 std::shared_ptr<Communicator> connect_world(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                             int size, const InitOptions& options,

@@ -8,6 +8,7 @@
 #include <tandem/runtime/reducer.h>
 
 #include "base/json.h"
+#include "base/launch_contract.h"
 #include "runtime/live_metrics.h"
 
 #include <sys/resource.h>
@@ -79,8 +80,7 @@ ProgressLogger::ProgressLogger(MetricsOptions options, int64_t total_steps, int 
     }
   }
   start_s_ = window_start_s_ = last_step_s_ = sources_.clock();
-  const char* live = std::getenv("TANDEM_METRICS_FILE");
-  live_ = std::make_unique<detail::LiveMetrics>(live != nullptr ? live : "");
+  live_ = std::make_unique<detail::LiveMetrics>(launch::env(launch::kEnvMetricsFile).value_or(""));
   live_sample_ = std::make_unique<detail::LiveSample>();
 }
 

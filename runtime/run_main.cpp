@@ -158,10 +158,10 @@ struct HeartbeatChannel {
   std::atomic<std::int64_t> last_ns{0};
 
   HeartbeatChannel() {
-    const char* path = std::getenv(launch::kEnvHeartbeatFile);
-    if (path == nullptr || *path == '\0') return;
+    const std::optional<std::string> path = launch::env(launch::kEnvHeartbeatFile);
+    if (!path) return;
     // Creating the file is the first heartbeat (its mtime is now).
-    fd = ::open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    fd = ::open(path->c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
     last_ns.store(now_ns(), std::memory_order_relaxed);
   }
 
@@ -197,11 +197,11 @@ launch::ErrorReport error_report(const std::exception& e, const std::string& not
 }
 
 bool write_error_report(const launch::ErrorReport& report) {
-  const char* path = std::getenv(launch::kEnvErrorFile);
-  if (path == nullptr || *path == '\0') return false;
+  const std::optional<std::string> path = launch::env(launch::kEnvErrorFile);
+  if (!path) return false;
   try {
     // Atomically: the launcher never reads half a file.
-    posix_file_system()->write_file_atomically(path, launch::error_file_json(report));
+    posix_file_system()->write_file_atomically(*path, launch::error_file_json(report));
     return true;
   } catch (const Error&) {
     return false;
@@ -227,9 +227,9 @@ namespace {
 // launcher did not need it: exit quietly. Acknowledged with one byte 'A' on the same descriptor
 // (a socket) once set. Runs before anything reads the environment.
 void await_standby_activation() {
-  const char* fd_text = std::getenv(launch::kEnvStandbyFd);
-  if (fd_text == nullptr) return;
-  const int fd = std::atoi(fd_text);
+  const long fd_number = launch::env_int(launch::kEnvStandbyFd, -1);
+  if (fd_number < 0) return;
+  const int fd = static_cast<int>(fd_number);
   ::unsetenv(launch::kEnvStandbyFd);
   std::string message;
   char buffer[4096];
@@ -261,10 +261,10 @@ void await_standby_activation() {
 
 int run_main(int argc, char** argv, const std::function<int(int, char**)>& fn) {
   await_standby_activation();
-  const char* path = std::getenv(launch::kEnvErrorFile);
+  const std::optional<std::string> path = launch::env(launch::kEnvErrorFile);
   g_have_error_path = false;
-  if (path != nullptr && *path != '\0' && std::strlen(path) < sizeof(g_error_path)) {
-    std::strcpy(g_error_path, path);
+  if (path && path->size() < sizeof(g_error_path)) {
+    std::strcpy(g_error_path, path->c_str());
     g_have_error_path = true;
   }
   FatalSignalHandlers handlers;

@@ -25,8 +25,10 @@ namespace tandem {
 
 namespace detail {
 
-bool looks_like_timeout(const std::string& what) {
-  return what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+bool is_timeout(const std::exception& e) {
+  if (dynamic_cast<const TimeoutError*>(&e) != nullptr) return true;
+  const auto* io = dynamic_cast<const std::system_error*>(&e);
+  return io != nullptr && io->code() == std::errc::timed_out;
 }
 
 bool peer_lost(const std::exception& e) {
@@ -230,7 +232,7 @@ void GlooCommunicator::run_op(AsyncWork& work, const std::function<void()>& run)
       run();
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      const bool timed_out = looks_like_timeout(what);
+      const bool timed_out = detail::is_timeout(e);
       const bool lost = !timed_out && detail::peer_lost(e);
       // The op's own timeout can fire before the waiter's: name the absent ranks here too, so
       // the message does not depend on which of the two came first.

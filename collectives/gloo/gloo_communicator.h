@@ -24,8 +24,9 @@ namespace tandem::detail {
 class HostStaging;
 class ShmCollectives;
 
-// True when a Gloo error message says it timed out.
-bool looks_like_timeout(const std::string& what);
+// True when `e` says an op ran out of time: a TimeoutError, or Gloo's timed-out I/O error
+// (gloo_mesh.h). Never decided by the message's words.
+bool is_timeout(const std::exception& e);
 // True when `e` says a peer is gone: a PeerLostError, or Gloo's I/O error (gloo_mesh.h).
 bool peer_lost(const std::exception& e);
 // The error an op that failed with `cause` ends with, as a TimeoutError, PeerLostError or

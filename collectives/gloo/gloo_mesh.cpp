@@ -33,13 +33,19 @@ void with_element_type(size_t element_size, Setter&& set) {
   }
 }
 
-// Runs a Gloo call; its I/O errors leave as std::system_error (gloo_mesh.h).
+// Runs a Gloo call; its I/O errors leave as std::system_error (gloo_mesh.h). Gloo has one
+// exception type for both of them, so its message tells a timeout ("Timed out waiting ...",
+// "Connect timeout ...") from a lost peer: here, once, and libtandem decides by the code.
 template <class F>
 auto io(F&& call) {
   try {
     return call();
   } catch (const gloo::IoException& e) {
-    throw std::system_error(std::make_error_code(std::errc::connection_reset), e.what());
+    const std::string what = e.what();
+    const bool timed_out =
+        what.find("imed out") != std::string::npos || what.find("imeout") != std::string::npos;
+    throw std::system_error(
+        std::make_error_code(timed_out ? std::errc::timed_out : std::errc::connection_reset), what);
   }
 }
 

@@ -11,10 +11,11 @@
 //
 // Only this header crosses the boundary: abstract classes (vtables, no symbols), std types of
 // the one libstdc++ both sides share, and exceptions derived from std::exception. Gloo's I/O
-// errors (a peer closed or reset its connections, or a wait timed out) arrive as
-// std::system_error with std::errc::connection_reset and Gloo's message as what(); other Gloo
-// errors as std::exception with Gloo's message; an exception thrown by a GlooKeyValue callback
-// (tandem's TimeoutError) passes through unchanged.
+// errors arrive as std::system_error with Gloo's message as what(), and a code that says which:
+// std::errc::timed_out (a wait or a connect ran out of time) or std::errc::connection_reset (a
+// peer closed or reset its connections). Other Gloo errors arrive as std::exception with Gloo's
+// message; an exception thrown by a GlooKeyValue callback (tandem's TimeoutError) passes through
+// unchanged.
 #pragma once
 
 #include <chrono>

@@ -65,7 +65,7 @@ class GlooP2PWork : public Work {
       }
     } catch (const std::exception& e) {
       const std::string what = e.what();
-      const bool timed_out = detail::looks_like_timeout(what);
+      const bool timed_out = detail::is_timeout(e);
       const std::string msg =
           "tandem: " + description_.str() + (timed_out ? " timed out" : " failed") + " after " +
           format_elapsed(issued_at_) + ": " + what +

@@ -12,10 +12,11 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <utility>
 
-extern char** environ;
+#include "base/launch_contract.h"
 
 namespace tandem {
 namespace {
@@ -51,6 +52,15 @@ std::string first_key_under(const std::string& prefix) {
   for (const auto& s : specs())
     if (s.info.key.compare(0, prefix.size() + 1, prefix + ".") == 0) return s.info.key;
   return "";
+}
+
+// A TANDEM_<SECTION>_* name: one that must name a key.
+bool looks_like_config(const std::string& name) {
+  for (const auto& section : config_sections()) {
+    const std::string prefix = detail::env_name(section) + "_";
+    if (name.compare(0, prefix.size(), prefix) == 0) return true;
+  }
+  return false;
 }
 
 class Merger {
@@ -191,14 +201,6 @@ class Merger {
   }
 
   // TANDEM_<SECTION>_...: the variable is meant as config.
-  static bool looks_like_config(const std::string& name) {
-    for (const auto& section : config_sections()) {
-      const std::string prefix = detail::env_name(section) + "_";
-      if (name.compare(0, prefix.size(), prefix) == 0) return true;
-    }
-    return false;
-  }
-
   static std::string describe(const YAML::Node& n) {
     if (n.IsMap()) return "<a map>";
     if (n.IsSequence()) return "<a list>";
@@ -277,14 +279,7 @@ class Merger {
 InvalidConfigError::InvalidConfigError(std::vector<ConfigIssue> issues)
     : ConfigError(join_issues(issues)), issues_(std::move(issues)) {}
 
-Environment process_environment() {
-  Environment env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq != nullptr) env.emplace(std::string(*e, static_cast<std::size_t>(eq - *e)), std::string(eq + 1));
-  }
-  return env;
-}
+Environment process_environment() { return launch::environment(); }
 
 std::shared_ptr<GradCodec> Config::make_codec() const {
   const CompressionConfig& c = compression;
@@ -359,6 +354,24 @@ LoadedConfig load_config(const ConfigInputs& inputs) {
   }
   if (!merger.issues.empty()) throw InvalidConfigError(std::move(merger.issues));
   return out;
+}
+
+InitOptions load_comm_config(const Environment& env) {
+  // Every other section's variables are left out: init() alone must not fail on a key that a
+  // Context would read, and check, later.
+  std::set<std::string> others;
+  for (const auto& s : specs()) {
+    if (s.info.key.compare(0, 5, "comm.") == 0) continue;
+    others.insert(s.info.env);
+    if (!s.info.env_alias.empty()) others.insert(s.info.env_alias);
+  }
+  const std::string comm = detail::env_name("comm") + "_";
+  ConfigInputs inputs;
+  for (const auto& [name, value] : env) {
+    const bool other_section = looks_like_config(name) && name.compare(0, comm.size(), comm) != 0;
+    if (others.count(name) == 0 && !other_section) inputs.env.emplace(name, value);
+  }
+  return load_config(inputs).config.comm;
 }
 
 ConfigArgs take_config_args(int& argc, char** argv) {

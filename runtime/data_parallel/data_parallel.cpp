@@ -3,6 +3,8 @@
 
 #include <tandem/base/errors.h>
 
+#include "base/launch_contract.h"
+
 #include <ATen/Parallel.h>
 
 #include <cmath>
@@ -55,8 +57,8 @@ bool overlap_pays(DistributedDataParallelOptions::Overlap overlap, const Communi
   // staged tensors, run beside them.
   if (!device.is_cpu()) return true;
   const unsigned cores = std::thread::hardware_concurrency();
-  const char* local = std::getenv("LOCAL_WORLD_SIZE");  // the launcher contract (dist_env.h)
-  const int ranks_here = local != nullptr && std::atoi(local) > 0 ? std::atoi(local) : comm.size();
+  const long local = launch::env_int(launch::kEnvLocalWorldSize, 0);
+  const long ranks_here = local > 0 ? local : comm.size();
   return cores == 0 || static_cast<unsigned>(ranks_here * at::get_num_threads()) < cores;
 }
 

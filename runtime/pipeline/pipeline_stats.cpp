@@ -8,6 +8,8 @@
 
 #include "runtime/pipeline/pipeline_impl.h"
 
+#include <tandem/collectives/device_mesh.h>
+
 namespace tandem {
 
 using pipeline::Action;
@@ -75,10 +77,12 @@ PipelineGroups make_pipeline_groups(Communicator& world, int pipeline_size) {
     throw ConfigError("pipeline size " + std::to_string(pipeline_size) +
                       " must divide the world size " + std::to_string(world.size()));
   }
-  const int r = world.rank();
+  // Consecutive ranks form one pipeline: pp is the mesh's fastest dimension.
+  DeviceMesh mesh(std::shared_ptr<Communicator>(&world, [](Communicator*) {}),
+                  {{"dp", world.size() / pipeline_size}, {"pp", pipeline_size}});
   PipelineGroups g;
-  g.pipeline = world.split(r / pipeline_size, r % pipeline_size);
-  if (world.size() > pipeline_size) g.data = world.split(r % pipeline_size, r / pipeline_size);
+  g.pipeline = mesh.group({"pp"});
+  if (world.size() > pipeline_size) g.data = mesh.group({"dp"});
   return g;
 }
 

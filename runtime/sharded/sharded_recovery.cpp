@@ -4,6 +4,7 @@
 #include "runtime/sharded/sharded_state.h"
 
 #include <tandem/base/errors.h>
+#include <tandem/collectives/device_mesh.h>
 
 #include <torch/csrc/autograd/grad_mode.h>
 
@@ -15,11 +16,11 @@ using State = ShardedDataParallelCore::State;
 
 void State::connect(std::shared_ptr<Communicator> comm, int group) {
   world = std::move(comm);
-  // Gathers and reduce-scatters on communicators of their own (see sharded_state.h).
-  const int rank = world->rank();
-  shard_comm = world->split(rank / group, rank);
-  reduce_comm = world->split(rank / group, rank);
-  replicate_comm = group < world->size() ? world->split(rank % group, rank) : nullptr;
+  // Gathers and reduce-scatters on communicators of their own (see sharded_state.h): two lanes.
+  DeviceMesh mesh(world, {{"dp_replicate", world->size() / group}, {"dp_shard", group}});
+  shard_comm = mesh.group({"dp_shard"}, "gather");
+  reduce_comm = mesh.group({"dp_shard"}, "reduce");
+  replicate_comm = group < world->size() ? mesh.group({"dp_replicate"}) : nullptr;
 }
 
 void ShardedDataParallelCore::reconnect(std::shared_ptr<Communicator> world) {

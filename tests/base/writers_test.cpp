@@ -9,6 +9,7 @@
 #include "base/json.h"
 #include "base/svg_writer.h"
 
+#include <limits>
 #include <string>
 
 namespace tandem {
@@ -36,13 +37,13 @@ TEST(ChromeTraceWriter, WritesValidJsonWhateverTheNamesHold) {
   b.phase = 'b';
   b.id = 9;
   w.event(b);
-  w.event(parse_json("{\"name\":\"copied\",\"ph\":\"i\",\"ts\":5}"));
+  w.event(parse_json("{\"name\":\"copied\",\"ph\":\"i\",\"ts\":5}", JsonErrors::kPlain));
   JsonValue other = JsonValue::object();
   other.set("schedule", JsonValue(std::string("s\"1")));
   w.finish(other);
   const std::string& text = w.text();
   EXPECT_EQ(text.rfind("{\"traceEvents\":[\n", 0), 0u) << text;
-  const JsonValue t = parse_json(text);
+  const JsonValue t = parse_json(text, JsonErrors::kPlain);
   const auto& events = t.at("traceEvents", "t").as_array("traceEvents");
   ASSERT_EQ(events.size(), 4u);
   EXPECT_EQ(events[0].at("ph", "ph").as_string("ph"), "M");
@@ -103,19 +104,44 @@ TEST(JsonErrors, PlainErrorsSayWhatWentWrongAndNothingOfCheckpoints) {
   } catch (const JsonError& e) {
     EXPECT_STREQ(e.what(), "list[0] has no \"missing\" member");
   }
-  // A checkpoint's reader (the default) keeps its words and its error type.
+  // A checkpoint's reader (JsonErrors::kCheckpoint) keeps its words and its error type.
   try {
-    parse_json("[1,]");
+    parse_json("[1,]", JsonErrors::kCheckpoint);
     FAIL();
   } catch (const CheckpointError& e) {
     EXPECT_EQ(std::string(e.what()).rfind("tandem: checkpoint: malformed JSON at byte", 0), 0u)
         << e.what();
   }
   try {
-    parse_json("{}").at("format", "manifest");
+    parse_json("{}", JsonErrors::kCheckpoint).at("format", "manifest");
     FAIL();
   } catch (const CheckpointError& e) {
     EXPECT_TRUE(contains(e.what(), "not a tandem checkpoint")) << e.what();
+  }
+}
+
+// Built in code, a value speaks base's words; a dump says what cannot be written in the mode of
+// the value dumped, whatever its members' own.
+TEST(JsonErrors, BuiltValuesAreBaseWordsUnlessTheDumpedValueAsksForACheckpoints) {
+  JsonValue root = JsonValue::object();
+  JsonValue inner = JsonValue::object();
+  inner.set("x", std::numeric_limits<double>::infinity());
+  root.set("inner", std::move(inner));
+  try {
+    root.dump();
+    FAIL() << "a non-finite number was written";
+  } catch (const CheckpointError& e) {
+    FAIL() << "a plain value got a CheckpointError: " << e.what();
+  } catch (const JsonError& e) {
+    EXPECT_STREQ(e.what(), "cannot write a non-finite number to JSON");
+  }
+  root.set_errors(JsonErrors::kCheckpoint);
+  try {
+    root.dump();
+    FAIL() << "a non-finite number was written";
+  } catch (const CheckpointError& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("tandem: checkpoint: cannot write a non-finite", 0), 0u)
+        << e.what();
   }
 }
 

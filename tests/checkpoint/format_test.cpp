@@ -55,7 +55,7 @@ TEST(CheckpointJson, RoundTripsValues) {
   a.push_back(JsonValue::object());
   o.set("a", a);
   for (int indent : {-1, 2}) {
-    const JsonValue r = parse_json(o.dump(indent));
+    const JsonValue r = parse_json(o.dump(indent), JsonErrors::kCheckpoint);
     EXPECT_EQ(r.at("i", "").as_int(""), int64_t{-9007199254740993});
     EXPECT_EQ(r.at("d", "").as_double(""), 0.1);
     EXPECT_EQ(r.at("s", "").as_string(""), "tab\t\"q\" \xc3\xa9 \x01");
@@ -75,16 +75,16 @@ TEST(CheckpointJson, RejectsEverythingNotStrictJson) {
       "\xef\xbb\xbf{}",
   };
   for (const char* s : bad) {
-    EXPECT_THROW(parse_json(s), CheckpointError) << "accepted: " << s;
+    EXPECT_THROW(parse_json(s, JsonErrors::kCheckpoint), CheckpointError) << "accepted: " << s;
   }
   std::string deep(100, '[');
   deep += std::string(100, ']');
-  EXPECT_THROW(parse_json(deep), CheckpointError);
+  EXPECT_THROW(parse_json(deep, JsonErrors::kCheckpoint), CheckpointError);
   JsonLimits small;
   small.max_input_bytes = 4;
-  EXPECT_THROW(parse_json("12345", small), CheckpointError);
-  EXPECT_EQ(parse_json("99999999999999999999").type(), JsonValue::Type::kDouble);
-  EXPECT_EQ(parse_json("\"\\ud83d\\ude00\"").as_string(""), "\xf0\x9f\x98\x80");
+  EXPECT_THROW(parse_json("12345", JsonErrors::kCheckpoint, small), CheckpointError);
+  EXPECT_EQ(parse_json("99999999999999999999", JsonErrors::kCheckpoint).type(), JsonValue::Type::kDouble);
+  EXPECT_EQ(parse_json("\"\\ud83d\\ude00\"", JsonErrors::kCheckpoint).as_string(""), "\xf0\x9f\x98\x80");
 }
 
 // ---- shard headers and the manifest -------------------------------------------------------

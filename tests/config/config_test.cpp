@@ -411,5 +411,34 @@ TEST(ConfigLauncherEnv, CommEnvComesFromTheLauncherVariables) {
   EXPECT_EQ(all[0].rfind("launcher environment: ", 0), 0u) << all[0];
 }
 
+// What a bare init() reads: the comm section as a Context reads it (the new names included, which
+// init() once ignored), and no other section's variables, not even a bad one.
+TEST(ConfigLauncherEnv, CommSectionAloneIsWhatInitReads) {
+  const InitOptions o = load_comm_config({{"RANK", "1"},
+                                          {"WORLD_SIZE", "2"},
+                                          {"MASTER_ADDR", "127.0.0.1"},
+                                          {"MASTER_PORT", "29511"},
+                                          {"TORCHELASTIC_RUN_ID", "job7"},
+                                          {"TANDEM_COMM_SHARED_MEMORY", "0"},
+                                          {"TANDEM_COMM_BACKEND", "gloo"},
+                                          {"TANDEM_TIMEOUT_S", "7"},
+                                          {"TANDEM_DDP_BUCKET_CAP_MB", "lots"},
+                                          {"TANDEM_DDP_NO_SUCH_KEY", "1"}});
+  EXPECT_FALSE(o.shared_memory);
+  EXPECT_EQ(o.backend, "gloo");
+  EXPECT_EQ(o.timeout.count(), 7000);
+  EXPECT_EQ(o.env.rank, 1);
+  EXPECT_EQ(o.store_prefix, "tandem/job7/restart0");
+  for (const auto& [name, value] : std::map<std::string, std::string>{
+           {"TANDEM_COMM_TIMEOUT_S", "soon"}, {"TANDEM_SHM", "yes"}, {"TANDEM_COMM_NO_SUCH_KEY", "1"}}) {
+    try {
+      load_comm_config({{name, value}});
+      ADD_FAILURE() << name << "=" << value << " was accepted";
+    } catch (const InvalidConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem

@@ -97,8 +97,10 @@ TEST(Multiprocess, BadEnvironmentFailsBeforeAnyConnection) {
       {{"RANK=0", "WORLD_SIZE=two", "MASTER_ADDR=127.0.0.1"}, "WORLD_SIZE='two' is not an integer"},
       {{"RANK=0", "WORLD_SIZE=2", "MASTER_PORT=" + std::to_string(port)},
        "MASTER_ADDR is not set but WORLD_SIZE=2"},
-      {{"RANK=0", "WORLD_SIZE=1", "TANDEM_TIMEOUT_S=soon"}, "TANDEM_TIMEOUT_S='soon'"},
-      {{"RANK=0", "WORLD_SIZE=1", "TANDEM_SHM=yes"}, "TANDEM_SHM='yes' must be 0 (off) or 1 (on)"},
+      {{"RANK=0", "WORLD_SIZE=1", "TANDEM_TIMEOUT_S=soon"},
+       "TANDEM_TIMEOUT_S: comm.timeout_s expects a float (> 0), got 'soon'"},
+      {{"RANK=0", "WORLD_SIZE=1", "TANDEM_SHM=yes"},
+       "TANDEM_SHM: comm.shared_memory expects a bool (true | false), got 'yes'"},
   };
   for (const auto& c : cases) {
     auto env = clean_env();

@@ -141,7 +141,8 @@ TEST(TraceSummary, KnownFractionsPerRankAndOverall) {
 TEST(TraceSummary, NestedSpansCountOnce) {
   const JsonValue t = parse_json(
       "{\"traceEvents\":[" + x("step", "compute", 0, 100) + "," + x("inner", "compute", 10, 20) +
-      "," + x("other thread", "compute", 50, 100, 2) + "]}");
+      "," + x("other thread", "compute", 50, 100, 2) + "]}",
+      JsonErrors::kPlain);
   const TimelineSummary s = summarize(t);
   ASSERT_EQ(s.ranks.size(), 1u);
   EXPECT_DOUBLE_EQ(s.ranks[0].compute_us, 150);
@@ -168,7 +169,7 @@ TEST(TraceMerge, ErrorsNameTheProblem) {
   TempDir other;
   write(other.path() + "/rank0.json", "{\"events\":[]}");
   EXPECT_THROW(merge_traces(read_rank_traces(other.path())), Error);
-  EXPECT_THROW(summarize(parse_json("[1,2]")), Error);
+  EXPECT_THROW(summarize(parse_json("[1,2]", JsonErrors::kPlain)), Error);
 }
 
 size_t count(const std::string& text, const std::string& what) {

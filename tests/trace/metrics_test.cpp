@@ -64,7 +64,7 @@ TEST_F(MetricsTest, LineAndJsonEveryNStepsWithGlobalRateAndEta) {
   EXPECT_EQ(lines[0],
             "{\"step\":2,\"total_steps\":10,\"loss\":0.4312,\"samples_per_s\":16,\"elapsed_s\":2,"
             "\"eta_s\":8,\"peak_bytes\":222298112,\"hidden\":0.75}");
-  const JsonValue second = parse_json(lines[1]);
+  const JsonValue second = parse_json(lines[1], JsonErrors::kPlain);
   EXPECT_EQ(second.at("step", "s").as_int("s"), 4);
   EXPECT_DOUBLE_EQ(second.at("samples_per_s", "r").as_double("r"), 3.2);
   EXPECT_DOUBLE_EQ(second.at("elapsed_s", "e").as_double("e"), 12);

@@ -48,7 +48,7 @@ JsonValue read_json(const std::string& path) {
   std::ifstream in(path);
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_json(text.str());
+  return parse_json(text.str(), JsonErrors::kPlain);
 }
 
 std::vector<const JsonValue*> events_with(const JsonValue& trace, const std::string& ph) {

@@ -41,6 +41,30 @@ TEST(DeviceRouting, CpuOpsGoToTheCpuCommunicatorAndGroupsSplitBoth) {
   });
 }
 
+// A wrapper answers capability queries for what it wraps: the CPU side's fused narrowed
+// all-reduce, which a codec above the routing communicator would otherwise never find.
+TEST(DeviceRouting, ForwardsTheCpuCommunicatorsNarrowedAllreduce) {
+  testing::run_ranks(2, [&](Communicator& comm) {
+    ASSERT_NE(comm.narrowed_allreduce(), nullptr);
+    auto other = comm.split(0, comm.rank());
+    DeviceRoutingCommunicator routing(borrow(comm), other);
+    NarrowedAllreduce* narrowed = routing.narrowed_allreduce();
+    ASSERT_NE(narrowed, nullptr);
+    auto direct = torch::full({64}, 3.0);
+    auto routed = torch::full({64}, 3.0);
+    WorkPtr a = comm.narrowed_allreduce()->allreduce_narrowed(direct, at::kBFloat16, 2);
+    WorkPtr b = narrowed->allreduce_narrowed(routed, at::kBFloat16, 2);
+    ASSERT_EQ(a == nullptr, b == nullptr);  // the same path, taken or declined alike
+    if (a != nullptr) {
+      a->wait();
+      b->wait();
+      // (3 / 2) rounds to 1.5 exactly in bfloat16: the sum of two ranks is 3.
+      EXPECT_TRUE(routed.equal(torch::full({64}, 3.0))) << routed;
+      EXPECT_TRUE(direct.equal(routed));
+    }
+  });
+}
+
 TEST(DeviceRouting, CommunicatorsOfDifferentRanksAreRefused) {
   testing::run_ranks(2, [&](Communicator& comm) {
     auto alone = comm.split(comm.rank(), 0);  // one rank each

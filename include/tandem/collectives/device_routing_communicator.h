@@ -6,7 +6,8 @@
 // Each inner communicator keeps its own op order: every rank must issue the same CPU ops in the
 // same order, and the same CUDA ops in the same order (as with two communicators). Sub-groups
 // split both. fence() is the CUDA communicator's (the CPU one's ops complete at their wait). allgather/reduce_scatter with the input and output on different devices throw
-// CommError.
+// CommError. The fused narrowed all-reduce (narrowed_allreduce()) is the CPU communicator's, for
+// CPU tensors; a CUDA tensor gets null (the caller casts itself).
 // Ownership: shares both communicators. Thread-safety: as communicator.h. Errors: those of the
 // inner communicators; CommError for mixed-device ops; ConfigError for null or mismatched inners.
 #pragma once
@@ -19,7 +20,7 @@
 
 namespace tandem {
 
-class DeviceRoutingCommunicator final : public Communicator {
+class DeviceRoutingCommunicator final : public Communicator, private NarrowedAllreduce {
  public:
   DeviceRoutingCommunicator(std::shared_ptr<Communicator> cpu, std::shared_ptr<Communicator> cuda);
 
@@ -44,6 +45,9 @@ class DeviceRoutingCommunicator final : public Communicator {
   std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override;
+  NarrowedAllreduce* narrowed_allreduce() override {
+    return cpu_->narrowed_allreduce() != nullptr ? this : nullptr;
+  }
 
   const std::shared_ptr<Communicator>& cpu() const { return cpu_; }
   const std::shared_ptr<Communicator>& cuda() const { return cuda_; }
@@ -51,6 +55,7 @@ class DeviceRoutingCommunicator final : public Communicator {
  private:
   Communicator& route(const at::Tensor& t) const { return t.is_cuda() ? *cuda_ : *cpu_; }
   Communicator& route(const at::Tensor& out, const at::Tensor& in, const char* op) const;
+  WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) override;
 
   std::shared_ptr<Communicator> cpu_;
   std::shared_ptr<Communicator> cuda_;

@@ -151,8 +151,13 @@ struct LoadedConfig {
 
 // Merges `inputs` over the defaults, validates, and builds config.ddp.codec. comm.env comes from
 // DistEnv::from_env over inputs.env (the launcher contract), store_prefix from its run id and
-// restart count as InitOptions::from_env does. Throws InvalidConfigError listing every problem.
+// restart count. Throws InvalidConfigError listing every problem.
 LoadedConfig load_config(const ConfigInputs& inputs);
+// The comm section alone, as load_config reads it from `env` (TANDEM_COMM_* and the older
+// TANDEM_TIMEOUT_S, TANDEM_SHM, TANDEM_GLOO_*), with the launcher's DistEnv: what
+// InitOptions::from_env() returns. Other sections' variables are neither read nor checked.
+// Throws InvalidConfigError.
+InitOptions load_comm_config(const Environment& env);
 
 // The tandem flags of a command line: --config FILE, --set K=V (also --config=FILE, --set=K=V),
 // --print-config, --help-config.

@@ -29,17 +29,17 @@ namespace tandem {
 
 struct InitOptions {
   DistEnv env;
-  // Rendezvous, store and op timeout (TANDEM_TIMEOUT_S).
+  // Rendezvous, store and op timeout (comm.timeout_s).
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};
   // When positive, bounds the communicator's rendezvous alone (GlooOptions::connect_timeout);
   // FaultTolerantWorld re-forms worlds with ft.quorum_timeout_s. Not a config key.
   std::chrono::milliseconds connect_timeout{0};
   // Address peers use to reach this rank. Empty: 127.0.0.1 when MASTER_ADDR is a loopback
-  // address, else this machine's host name. TANDEM_GLOO_HOSTNAME.
+  // address, else this machine's host name (comm.gloo_hostname).
   std::string gloo_hostname;
-  // Network interface for Gloo, wins over gloo_hostname when set (TANDEM_GLOO_IFNAME).
+  // Network interface for Gloo, wins over gloo_hostname when set (comm.gloo_interface).
   std::string gloo_interface;
-  // All-reduce through shared memory when every rank is on this host (TANDEM_SHM=0 turns it off).
+  // All-reduce through shared memory when every rank is on this host (comm.shared_memory).
   bool shared_memory = true;
   // comm.backend: "gloo" (every op over Gloo), "nccl" (ops on CUDA tensors over NCCL on device
   // LOCAL_RANK % device count, CPU ops over Gloo: a DeviceRoutingCommunicator; ConfigError without
@@ -49,7 +49,9 @@ struct InitOptions {
   // Store key prefix (distinct per restart so a restarted group never reads stale keys).
   std::string store_prefix = "tandem";
 
-  // DistEnv::from_env() plus the TANDEM_* variables above; throws ConfigError on bad values.
+  // The comm.* config keys from the environment, as a Context reads them (TANDEM_COMM_TIMEOUT_S or
+  // TANDEM_TIMEOUT_S, ...: load_comm_config in config.h), with DistEnv::from_env(). Throws
+  // ConfigError (an InvalidConfigError) naming each bad variable.
   static InitOptions from_env();
 };
 
