@@ -149,23 +149,25 @@ class CheckLayers(unittest.TestCase):
             "static auto* g(tandem::Communicator* c) { return dynamic_cast<tandem::GlooCommunicator*>(c); }"))
         self.assertEqual(code, 0, out)
 
-    def test_getenv_outside_dist_env_and_the_launch_contract_fails(self):
-        code, out = run_check(self.planted(
-            "runtime/metrics.cpp", 'static const char* f() { return std::getenv("TANDEM_X"); }'))
+    def assert_refused(self, rel, line, message):
+        """Planting `line` in `rel` fails the check with `message` at rel:1."""
+        code, out = run_check(self.planted(rel, line))
         self.assertEqual(code, 1, out)
-        self.assertIn("runtime/metrics.cpp:1: reads the environment: only DistEnv", out)
+        self.assertIn(f"{rel}:1: {message}", out)
+
+    def test_getenv_outside_dist_env_and_the_launch_contract_fails(self):
+        self.assert_refused("runtime/metrics.cpp",
+                            'static const char* f() { return std::getenv("TANDEM_X"); }',
+                            "reads the environment: only DistEnv")
 
     def test_environ_outside_the_launch_contract_fails(self):
-        code, out = run_check(self.planted(
-            "collectives/flight_recorder.cpp", "static char** f() { return environ; }"))
-        self.assertEqual(code, 1, out)
-        self.assertIn("collectives/flight_recorder.cpp:1: reads the environment", out)
+        self.assert_refused("collectives/flight_recorder.cpp",
+                            "static char** f() { return environ; }", "reads the environment")
 
     def test_launch_env_of_a_string_fails(self):
-        code, out = run_check(self.planted(
-            "runtime/metrics.cpp", 'static auto f() { return tandem::launch::env("TANDEM_X"); }'))
-        self.assertEqual(code, 1, out)
-        self.assertIn("runtime/metrics.cpp:1: launch::env() of a string: name the variable", out)
+        self.assert_refused("runtime/metrics.cpp",
+                            'static auto f() { return tandem::launch::env("TANDEM_X"); }',
+                            "launch::env() of a string: name the variable")
 
     def test_getenv_in_dist_env_and_in_a_test_passes(self):
         for rel in ("runtime/dist_env.cpp", "tests/unit/backend_test.cpp"):
