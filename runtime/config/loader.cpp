@@ -200,7 +200,6 @@ class Merger {
     return path + ":" + std::to_string(m.line + 1) + ":" + std::to_string(m.column + 1);
   }
 
-  // TANDEM_<SECTION>_...: the variable is meant as config.
   static std::string describe(const YAML::Node& n) {
     if (n.IsMap()) return "<a map>";
     if (n.IsSequence()) return "<a list>";
