@@ -6,6 +6,8 @@
 #include "checkpoint/checkpoint_manager_impl.h"
 #include "checkpoint/training_state.h"
 
+#include <tandem/collectives/device_mesh.h>
+
 #include <atomic>
 #include <iostream>
 #include <mutex>
@@ -59,9 +61,10 @@ CheckpointManager::CheckpointManager(CheckpointManagerOptions options) : impl_(s
   }
   d.fs = d.opts.file_system ? d.opts.file_system : posix_file_system();
   if (d.opts.communicator && d.opts.communicator->size() > 1) {
-    std::vector<int> all(static_cast<size_t>(d.opts.communicator->size()));
-    for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int>(i);
-    d.comm = d.opts.communicator->new_group(all);
+    // A lane of its own over every rank: the writer thread's ops never interleave with the
+    // training's, nor with another manager's.
+    const int n = d.opts.communicator->size();
+    d.comm = DeviceMesh(d.opts.communicator, {{"world", n}}).group({"world"}, "checkpoint");
     d.rank = d.comm->rank();
     d.world = d.comm->size();
   }

@@ -103,6 +103,10 @@ std::shared_ptr<Communicator> DeviceMesh::group(const std::vector<std::string>& 
   std::vector<size_t> key;
   for (size_t i = 0; i < dims_.size(); ++i)
     if (chosen[i]) key.push_back(i);
+  const bool everyone = std::all_of(dims_.begin(), dims_.end(), [&](const MeshDim& d) {
+    return d.size == 1 || chosen[index(d.name)];
+  });
+  if (everyone && lane.empty()) return world_;
   std::lock_guard<std::mutex> lock(mutex_);
   auto& slot = groups_[{key, lane}];
   if (!slot) {
@@ -111,6 +115,22 @@ std::shared_ptr<Communicator> DeviceMesh::group(const std::vector<std::string>& 
                          linear_index(coordinates_, dims_, chosen, true));
   }
   return slot;
+}
+
+std::shared_ptr<DeviceMesh> DeviceMesh::rebuilt(std::shared_ptr<Communicator> world) const {
+  if (!world) throw ConfigError("tandem: DeviceMesh::rebuilt: the world communicator is null.");
+  std::vector<MeshDim> dims = dims_;
+  if (dims.empty()) return std::make_shared<DeviceMesh>(std::move(world), std::move(dims));
+  int inner = 1;
+  for (size_t i = 1; i < dims.size(); ++i) inner *= dims[i].size;
+  if (world->size() % inner != 0) {
+    throw ConfigError("tandem: DeviceMesh " + sizes_text(dims_) + ": a new world of " +
+                      std::to_string(world->size()) + " ranks cannot keep the inner dimensions (" +
+                      std::to_string(inner) + " ranks each); only '" + dims[0].name +
+                      "' may change size.");
+  }
+  dims[0].size = world->size() / inner;
+  return std::make_shared<DeviceMesh>(std::move(world), std::move(dims));
 }
 
 }  // namespace tandem

@@ -10,7 +10,8 @@
 // the loss; at the end rank 0 writes the schedule picture of the last step with measured durations (SVG) and a Chrome trace,
 // and prints the measured bubble next to the bubble simulated from the measured per-stage costs
 // and the send/receive costs seen in the last step.
-// With a world larger than --stages, ranks form pipeline x data-parallel groups (2D).
+// parallel.pp is the number of stages (2 in the config); with a larger world, ranks form
+// pipeline x data-parallel groups (2D), both from the Context's mesh.
 #include <tandem/runtime/context.h>
 #include <tandem/runtime/pipeline_parallel.h>
 #include <tandem/runtime/pipeline_simulate.h>
@@ -29,10 +30,7 @@ int main(int argc, char** argv) {
     CLI::App app("tandem example: pipeline-parallel MLP training (start with tandemrun)");
     std::string schedule_file, svg = "pipeline_schedule.svg", trace = "pipeline_trace.json";
     int64_t hidden = 256, layers = 3, log_every = 20;
-    int stages = 2;
     app.add_option("--schedule-file", schedule_file, "a schedule in tandem's text format (wins)");
-    app.add_option("--stages", stages, "pipeline ranks (the rest of the world is data parallel)")
-        ->check(CLI::PositiveNumber);
     app.add_option("--hidden", hidden, "hidden width")->check(CLI::PositiveNumber);
     app.add_option("--layers", layers, "hidden Linear+ReLU blocks")->check(CLI::PositiveNumber);
     app.add_option("--log-every", log_every, "loss line every N steps")->check(CLI::PositiveNumber);
@@ -44,7 +42,7 @@ int main(int argc, char** argv) {
     const int64_t steps = train.steps, batch = train.batch_size;
     const uint64_t seed = train.seed;
     at::set_num_threads(1);
-    auto groups = tandem::make_pipeline_groups(*ctx.world(), stages);
+    auto groups = tandem::make_pipeline_groups(*ctx.mesh());  // parallel.pp stages
     const int dp_rank = groups.data ? groups.data->rank() : 0;
     const int dp_size = groups.data ? groups.data->size() : 1;
 

@@ -98,7 +98,8 @@ int train(tandem::Context& ctx, const tiny_lm::LmConfig& lm, const std::string& 
 
   // sharding.stage 0 shards nothing (each rank holds everything, as DistributedDataParallel);
   // 1-3 shard the optimizer state, then the gradients, then the parameters. The same loop.
-  tandem::ShardedDataParallel sdp(model, ctx.world(), config.sharding, config.ddp);
+  // The Context's mesh: the shard groups it makes are the ones every other component shares.
+  tandem::ShardedDataParallel sdp(model, ctx.mesh(), config.sharding, config.ddp);
   torch::optim::AdamW opt(sdp.parameters(),
                           torch::optim::AdamWOptions(train.lr).weight_decay(train.weight_decay));
 

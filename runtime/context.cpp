@@ -45,6 +45,26 @@ c10::Device resolve_train_device(const std::string& spec, int local_rank, int cu
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(index));
 }
 
+std::vector<MeshDim> mesh_dims(const Config& config, int world_size) {
+  const int pp = config.parallel.pp;
+  if (pp < 1 || world_size % pp != 0) {
+    throw ConfigError("tandem: parallel.pp " + std::to_string(pp) + " does not divide the world of " +
+                      std::to_string(world_size) + " ranks; --set parallel.pp=1, or a divisor of " +
+                      std::to_string(world_size) + ".");
+  }
+  std::vector<MeshDim> dims = sharding_mesh_dims(config.sharding, world_size / pp, "parallel mesh");
+  dims.push_back({"pp", pp});
+  return dims;
+}
+
+std::shared_ptr<DeviceMesh> Context::mesh() const {
+  if (!dist_.world) return nullptr;
+  std::call_once(mesh_once_, [this] {
+    mesh_ = std::make_shared<DeviceMesh>(dist_.world, mesh_dims(loaded_.config, dist_.world->size()));
+  });
+  return mesh_;
+}
+
 Context::Context(LoadedConfig loaded, std::vector<std::string> args)
     : loaded_(std::move(loaded)), args_(std::move(args)) {
   for (auto& a : args_) argv_.push_back(a.data());
@@ -75,6 +95,7 @@ Context::~Context() {
   // Tensors allocated meanwhile keep the stack alive and free into it wherever they die.
   if (allocator_ != nullptr) memory::uninstall_cpu_allocator();
   // The world communicator goes before the store it rendezvoused through.
+  mesh_.reset();
   dist_.world.reset();
 }
 

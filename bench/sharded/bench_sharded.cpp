@@ -223,7 +223,8 @@ int main(int argc, char** argv) {
     if (mode == "comm") {
       std::vector<int64_t> flats;
       for (const auto& shard : sdp->parameters()) flats.push_back(shard.numel() * size);
-      auto group = comm->split(0, rank);  // what ShardedDataParallel's collectives run on
+      // A group of every rank, as ShardedDataParallel's collectives run on.
+      auto group = tandem::DeviceMesh(comm, {{"dp_shard", size}}).group({"dp_shard"}, "gather");
       time_collectives(*comm, *group, flats, warmup, steps, *allocator, f);
     } else {
       torch::optim::AdamW opt(sdp ? sdp->parameters() : ddp->parameters(),

@@ -11,6 +11,7 @@
 #include <tandem/checkpoint/safetensors.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/compression.h>
+#include <tandem/collectives/device_mesh.h>
 #include <tandem/collectives/device_routing_communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
 #include <tandem/collectives/grad_codec.h>

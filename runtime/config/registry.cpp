@@ -34,6 +34,9 @@ std::vector<KeySpec> build() {
   k[1].info.env_alias = "TANDEM_GLOO_HOSTNAME";
   k[2].info.env_alias = "TANDEM_GLOO_IFNAME";
   k[3].info.env_alias = "TANDEM_SHM";
+  // parallel
+  k.push_back(number("parallel.pp", TANDEM_REF(parallel.pp), ge(1),
+                     "Pipeline stages (Context::mesh()): consecutive ranks form one pipeline; the world holds world_size / pp of them, data parallel."));
   // ddp
   k.push_back(number("ddp.bucket_cap_mb", TANDEM_REF(ddp.bucket_cap_mb), gt(0),
                      "Later gradient buckets close at this size (MiB)."));

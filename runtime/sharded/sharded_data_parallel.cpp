@@ -49,32 +49,69 @@ at::ScalarType wire_dtype_of(const ShardingOptions& s, const DistributedDataPara
 
 }  // namespace
 
+std::vector<MeshDim> sharding_mesh_dims(const ShardingOptions& sharding, int ranks,
+                                        const std::string& what) {
+  const ShardingPolicy shards = ShardingPolicy::of_stage(sharding.stage);
+  if (!shards.optimizer_state && sharding.group_size != 0) {
+    throw ConfigError("tandem: " + what + ": sharding.group_size " +
+                      std::to_string(sharding.group_size) + " with sharding.stage=0, which shards "
+                      "nothing; use --set sharding.group_size=0, or a stage of 1 to 3.");
+  }
+  // Nothing sharded: every rank is a shard group of its own, and the replicas all-reduce.
+  const int group = !shards.optimizer_state ? 1
+                    : sharding.group_size == 0 ? ranks
+                                               : sharding.group_size;
+  if (group < 1 || ranks % group != 0) {
+    throw ConfigError("tandem: " + what + ": sharding.group_size " +
+                      std::to_string(sharding.group_size) + " does not divide the " +
+                      std::to_string(ranks) + " data-parallel ranks; use 0 (shard over all "
+                      "ranks) or a divisor such as the ranks per node (--set sharding.group_size=" +
+                      std::to_string(ranks) + ").");
+  }
+  return {{"dp_replicate", ranks / group}, {"dp_shard", group}};
+}
+
+namespace {
+
+// A communicator handed to the wrapper, laid out as the options say.
+std::shared_ptr<DeviceMesh> mesh_over(std::shared_ptr<Communicator> comm,
+                                      const ShardingOptions& sharding) {
+  if (!comm) throw ConfigError("tandem: ShardedDataParallel: communicator is null.");
+  const int ranks = comm->size();
+  return std::make_shared<DeviceMesh>(std::move(comm),
+                                      sharding_mesh_dims(sharding, ranks, "ShardedDataParallel"));
+}
+
+}  // namespace
+
 ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
                                                  std::shared_ptr<Communicator> comm,
+                                                 ShardingOptions sharding,
+                                                 DistributedDataParallelOptions ddp,
+                                                 ShardedStart start)
+    : ShardedDataParallelCore(std::move(module), mesh_over(std::move(comm), sharding), sharding,
+                              std::move(ddp), start) {}
+
+ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
+                                                 std::shared_ptr<DeviceMesh> mesh,
                                                  ShardingOptions sharding,
                                                  DistributedDataParallelOptions ddp,
                                                  ShardedStart start)
     : state_(std::make_shared<State>()) {
   State& s = *state_;
   if (!module) throw ConfigError("tandem: ShardedDataParallel: module is null.");
-  if (!comm) throw ConfigError("tandem: ShardedDataParallel: communicator is null.");
+  if (!mesh) throw ConfigError("tandem: ShardedDataParallel: the mesh is null.");
   s.shards = ShardingPolicy::of_stage(sharding.stage);
-  const int world = comm->size();
-  if (!s.shards.optimizer_state && sharding.group_size != 0) {
-    throw ConfigError("tandem: ShardedDataParallel: sharding.group_size " +
-                      std::to_string(sharding.group_size) + " with sharding.stage=0, which shards "
-                      "nothing; use --set sharding.group_size=0, or a stage of 1 to 3.");
-  }
-  // Nothing sharded: every rank is a shard group of its own, and the replicas all-reduce.
-  const int group = !s.shards.optimizer_state ? 1
-                    : sharding.group_size == 0 ? world
-                                               : sharding.group_size;
-  if (group < 1 || world % group != 0) {
-    throw ConfigError("tandem: ShardedDataParallel: sharding.group_size " +
-                      std::to_string(sharding.group_size) + " does not divide the world size " +
-                      std::to_string(world) + "; use 0 (shard over all ranks) or a divisor such "
-                      "as the ranks per node (--set sharding.group_size=" +
-                      std::to_string(world) + ").");
+  // The mesh's data-parallel ranks must be laid out as the options ask.
+  const int ranks = mesh->size("dp_replicate") * mesh->size("dp_shard");
+  const std::vector<MeshDim> want = sharding_mesh_dims(sharding, ranks, "ShardedDataParallel");
+  if (want[1].size != mesh->size("dp_shard")) {
+    throw ConfigError("tandem: ShardedDataParallel: the mesh " + mesh->describe() + " shards over " +
+                      std::to_string(mesh->size("dp_shard")) + " ranks, but sharding.stage=" +
+                      std::to_string(sharding.stage) + " with sharding.group_size=" +
+                      std::to_string(sharding.group_size) + " asks for " +
+                      std::to_string(want[1].size) + "; build the mesh from the same options "
+                      "(Context::mesh() does).");
   }
   if (sharding.backward_prefetch != "pre" && sharding.backward_prefetch != "post") {
     throw ConfigError("tandem: ShardedDataParallel: sharding.backward_prefetch '" +
@@ -90,7 +127,7 @@ ShardedDataParallelCore::ShardedDataParallelCore(std::shared_ptr<torch::nn::Modu
   s.module = std::move(module);
   s.options = std::move(sharding);
   s.ddp = std::move(ddp);
-  s.connect(std::move(comm), group);
+  s.connect(std::move(mesh));
 
   s.build_units();
   check_parameter_devices(s.params, s.names, s.ddp, "ShardedDataParallel");

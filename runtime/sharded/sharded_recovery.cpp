@@ -14,25 +14,39 @@ namespace tandem {
 
 using State = ShardedDataParallelCore::State;
 
-void State::connect(std::shared_ptr<Communicator> comm, int group) {
-  world = std::move(comm);
+void State::connect(std::shared_ptr<DeviceMesh> dp_mesh) {
+  mesh = std::move(dp_mesh);
+  world = mesh->group({"dp_replicate", "dp_shard"});
   // Gathers and reduce-scatters on communicators of their own (see sharded_state.h): two lanes.
-  DeviceMesh mesh(world, {{"dp_replicate", world->size() / group}, {"dp_shard", group}});
-  shard_comm = mesh.group({"dp_shard"}, "gather");
-  reduce_comm = mesh.group({"dp_shard"}, "reduce");
-  replicate_comm = group < world->size() ? mesh.group({"dp_replicate"}) : nullptr;
+  shard_comm = mesh->group({"dp_shard"}, "gather");
+  reduce_comm = mesh->group({"dp_shard"}, "reduce");
+  replicate_comm = mesh->size("dp_replicate") > 1 ? mesh->group({"dp_replicate"}) : nullptr;
 }
 
+namespace {
+
+ConfigError layout_changed(const State& s, const Communicator& world) {
+  return ConfigError("tandem: ShardedDataParallel::reconnect: rank " + std::to_string(world.rank()) +
+                     " of " + std::to_string(world.size()) + " cannot keep its shard (position " +
+                     std::to_string(s.shard_rank()) + " in a shard group of " +
+                     std::to_string(s.shard_size()) + "): the layout changed. Sharded state goes "
+                     "on only where every shard keeps its position; otherwise restart from the "
+                     "checkpoint.");
+}
+
+}  // namespace
+
 void ShardedDataParallelCore::reconnect(std::shared_ptr<Communicator> world) {
-  State& s = *state_;
   if (!world) throw ConfigError("tandem: ShardedDataParallel::reconnect: communicator is null.");
-  const int group = s.shard_size();
-  if (world->size() % group != 0 || world->rank() % group != s.shard_rank()) {
-    throw ConfigError("tandem: ShardedDataParallel::reconnect: rank " + std::to_string(world->rank()) +
-                      " of " + std::to_string(world->size()) + " cannot keep its shard (position " +
-                      std::to_string(s.shard_rank()) + " in a shard group of " +
-                      std::to_string(group) + "): the layout changed. Sharded state goes on only "
-                      "where every shard keeps its position; otherwise restart from the checkpoint.");
+  if (world->size() % state_->shard_size() != 0) throw layout_changed(*state_, *world);
+  reconnect(state_->mesh->rebuilt(std::move(world)));
+}
+
+void ShardedDataParallelCore::reconnect(std::shared_ptr<DeviceMesh> mesh) {
+  State& s = *state_;
+  if (!mesh) throw ConfigError("tandem: ShardedDataParallel::reconnect: the mesh is null.");
+  if (mesh->size("dp_shard") != s.shard_size() || mesh->coordinate("dp_shard") != s.shard_rank()) {
+    throw layout_changed(s, *mesh->world());
   }
   {
     std::lock_guard<std::mutex> lock(s.mutex);
@@ -41,7 +55,7 @@ void ShardedDataParallelCore::reconnect(std::shared_ptr<Communicator> world) {
                   "between steps.");
     }
   }
-  s.connect(std::move(world), group);
+  s.connect(std::move(mesh));
   // A replacement's constructor runs this collective too.
   s.verify_same_everywhere();
   // Every member starts over as a new wrapper does, so all issue the same collectives: the unit

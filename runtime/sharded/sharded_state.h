@@ -43,7 +43,8 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   // finalize() waits for async checkpoint copies, so saves may defer them (checkpoint_manager.h).
   CheckpointStagingFence staging_fence;
   std::shared_ptr<torch::nn::Module> module;
-  std::shared_ptr<Communicator> world;
+  std::shared_ptr<DeviceMesh> mesh;        // where the communicators below come from
+  std::shared_ptr<Communicator> world;     // the data-parallel ranks (dp_replicate x dp_shard)
   std::shared_ptr<Communicator> shard_comm;      // the ranks a shard spans: gathers
   std::shared_ptr<Communicator> reduce_comm;     // the same ranks: reduce-scatters
   std::shared_ptr<Communicator> replicate_comm;  // hybrid: same shard index on other groups
@@ -87,8 +88,8 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   double reduce_wait_seconds = 0;  // the last backward's time blocked on reduce-scatters
 
   // runtime/sharded/sharded_recovery.cpp
-  // Makes `comm` the world, with the shard-group communicators for groups of `group` ranks.
-  void connect(std::shared_ptr<Communicator> comm, int group);
+  // Takes the world and the shard-group communicators from `mesh` (its dp_* dimensions).
+  void connect(std::shared_ptr<DeviceMesh> mesh);
   // An aborted fault-tolerant step (step_scope.h): waits out its failed collectives and forgets
   // its gradients, so the next forward starts as after a dropped backward.
   void drop_step() override;

@@ -175,6 +175,21 @@ class CheckLayers(unittest.TestCase):
                 rel, 'static const char* f() { return std::getenv("RANK"); }'))
             self.assertEqual(code, 0, rel + "\n" + out)
 
+    def test_a_process_group_outside_collectives_fails(self):
+        for rel in ("checkpoint/checkpoint_manager.cpp", "runtime/ft/fault_tolerant_world.cpp",
+                    "tools/tandemrun/main.cpp", "bench/sharded/bench_sharded.cpp"):
+            self.assert_refused(rel, "static auto f(tandem::Communicator& c) { return c.split(0, 0); }",
+                                "split() makes a process group outside collectives/")
+        self.assert_refused("runtime/pipeline/pipeline_stats.cpp",
+                            "static auto f(tandem::Communicator* c) { return c->new_group({0}); }",
+                            "new_group() makes a process group outside collectives/")
+
+    def test_a_process_group_in_device_mesh_and_in_a_test_passes(self):
+        for rel in ("collectives/device_mesh.cpp", "tests/unit/backend_test.cpp"):
+            code, out = run_check(self.planted(
+                rel, "static auto f(tandem::Communicator& c) { return c.split(0, 0); }"))
+            self.assertEqual(code, 0, rel + "\n" + out)
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -46,7 +46,7 @@ TEST(DeviceMesh, CoordinatesAreRowMajorAndGroupsHoldTheRanksThatDifferOnlyThere)
     EXPECT_EQ(tp->size(), 2);
     EXPECT_EQ(tp->rank(), r % 2);  // group rank = position along the dimension
     EXPECT_EQ(dp->rank(), r / 2);
-    EXPECT_EQ(all->size(), 4);
+    EXPECT_EQ(all.get(), &world);  // every rank, on the default lane: the world itself
     EXPECT_EQ(self->size(), 1);
     EXPECT_EQ(sum_of_world_ranks(*tp, r), r / 2 * 4 + 1);  // {0,1} or {2,3}
     EXPECT_EQ(sum_of_world_ranks(*dp, r), r % 2 * 2 + 2);  // {0,2} or {1,3}
@@ -71,6 +71,30 @@ TEST(DeviceMesh, AGroupIsMadeOncePerLaneAndLanesAreSeparateCommunicators) {
     first->wait();
     EXPECT_TRUE(a.equal(torch::full({4}, 2.0)));
     EXPECT_TRUE(b.equal(torch::full({4}, 2.0)));
+  });
+}
+
+void expect_config_error(const std::function<void()>& f, const std::string& needle);
+
+TEST(DeviceMesh, RebuiltOverANewWorldKeepsTheInnerDimensionsAndResizesTheReplicas) {
+  testing::run_ranks(4, [&](Communicator& world) {
+    DeviceMesh mesh(borrow(world), {{"dp_replicate", 2}, {"dp_shard", 2}});
+    // A next epoch of two survivors: ranks 0 and 1 of the old world, in order.
+    std::shared_ptr<Communicator> survivors = world.split(world.rank() < 2 ? 0 : 1, world.rank());
+    auto next = mesh.rebuilt(survivors);
+    ASSERT_EQ(next->dims().size(), 2u);
+    EXPECT_EQ(next->size("dp_replicate"), 1);
+    EXPECT_EQ(next->size("dp_shard"), 2);
+    EXPECT_EQ(next->coordinate("dp_shard"), world.rank() % 2);
+    EXPECT_EQ(next->world(), survivors);
+    auto shard = next->group({"dp_shard"}, "gather");
+    EXPECT_EQ(shard->size(), 2);
+    EXPECT_EQ(sum_of_world_ranks(*shard, survivors->rank()), 1);  // new world ranks 0 and 1
+    // One survivor cannot hold a shard group of two.
+    std::shared_ptr<Communicator> alone = world.split(world.rank(), 0);
+    expect_config_error([&] { mesh.rebuilt(alone); },
+                        "a new world of 1 ranks cannot keep the inner dimensions (2 ranks each); "
+                        "only 'dp_replicate' may change size");
   });
 }
 

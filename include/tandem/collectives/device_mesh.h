@@ -9,7 +9,8 @@
 //
 // A group is made on the first call for its dimensions and lane, by world->split(): a collective
 // over the whole world, so every rank asks for the same groups in the same order. Later calls
-// return the same communicator. A lane names an independent op order over the same ranks (""
+// return the same communicator, and a group of every rank on the default lane is the world itself:
+// one communicator per set of ranks. A lane names an independent op order over the same ranks (""
 // by default; ZeRO-3's "gather" and "reduce", the checkpoint manager's background ops): two lanes
 // are two communicators, whose ops may run at once.
 //
@@ -55,6 +56,12 @@ class DeviceMesh {
 
   // World ranks of the group `dims` this rank belongs to, in group-rank order. Pure.
   std::vector<int> group_ranks(const std::vector<std::string>& dims) const;
+
+  // The same layout over `world`, a new epoch's communicator (step-level fault tolerance): the
+  // first dimension (the outermost, the replicas) takes the size the new world leaves it, the
+  // others keep theirs. Groups are made afresh, on first use. ConfigError when the other sizes
+  // do not divide the new world's size.
+  std::shared_ptr<DeviceMesh> rebuilt(std::shared_ptr<Communicator> world) const;
 
  private:
   size_t index(const std::string& dim) const;

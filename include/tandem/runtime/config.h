@@ -71,6 +71,12 @@ struct PrecisionConfig {
   GradScalerOptions scaler;              // precision.scaler.*: PyTorch's defaults
 };
 
+// How the world is laid out for parallelism (Context::mesh(), docs/config.md "Context"): the
+// pipeline's stages here; the data-parallel ranks' split into shard groups is sharding.*.
+struct ParallelOptions {
+  int pp = 1;  // parallel.pp: pipeline stages; consecutive ranks form one pipeline
+};
+
 // What the example training programs read.
 struct TrainOptions {
   int64_t steps = 100;
@@ -86,6 +92,7 @@ struct TrainOptions {
 
 struct Config {
   InitOptions comm;  // comm.env is the launcher's (DistEnv), not config
+  ParallelOptions parallel;
   DistributedDataParallelOptions ddp;  // ddp.codec is built from `compression` by the loader
   ShardingOptions sharding;            // stage 0: DistributedDataParallel; 1-3: ShardedDataParallel
   CompressionConfig compression;

@@ -13,14 +13,20 @@
 // allocator.install, tandem's host stack becomes libtorch's CPU allocator until the Context dies;
 // with trace.enabled the timeline recorder starts (tandem/base/trace.h) and the Context's
 // destructor writes <trace.dir>/rank<R>.json, also when the program failed.
-// Ownership: the Context owns the Distributed (store + world communicator) and the allocator stack.
+// Mesh: mesh() lays the world out once, from parallel.pp and sharding.* (mesh_dims()), and hands
+// every component the same groups: the pipeline (make_pipeline_groups(mesh)), ShardedDataParallel
+// (its mesh constructor), and what tensor parallelism adds as a `tp` dimension.
+// Ownership: the Context owns the Distributed (store + world communicator), the mesh and the
+// allocator stack.
 // Device: train.device resolved once (resolve_train_device()); config().ddp.device is set to it,
 // so both data-parallel wrappers refuse a model left elsewhere.
 // Thread-safety: const accessors may be called from any thread; not copyable or movable.
 // Errors: InvalidConfigError for the config, ConfigError for a train.device this machine lacks,
-// ConfigError/TimeoutError from tandem::init.
+// ConfigError/TimeoutError from tandem::init; mesh() throws ConfigError for sizes that do not
+// divide the world.
 #pragma once
 
+#include <tandem/collectives/device_mesh.h>
 #include <tandem/runtime/config.h>
 #include <tandem/runtime/init.h>
 
@@ -28,6 +34,7 @@
 
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,6 +48,12 @@ class HostMemoryStack;
 // is one, else cpu; cuda is cuda:local_rank (modulo). ConfigError, naming the key, for cuda
 // without a device or an index out of range.
 c10::Device resolve_train_device(const std::string& spec, int local_rank, int cuda_devices);
+
+// The mesh `config` asks of a world of `world_size` ranks, outermost first: {{"dp_replicate", r},
+// {"dp_shard", s}, {"pp", p}}, p = parallel.pp (consecutive ranks form one pipeline), s the ranks
+// one shard spans (sharding_mesh_dims() of the world_size / p data-parallel ranks). ConfigError,
+// naming the key, for sizes that do not divide.
+std::vector<MeshDim> mesh_dims(const Config& config, int world_size);
 
 class Context {
  public:
@@ -61,6 +74,9 @@ class Context {
   const Distributed& distributed() const { return dist_; }
   // Null in a replacement worker of tandemrun --ft-replace: it joins through FaultTolerantWorld.
   const std::shared_ptr<Communicator>& world() const { return dist_.world; }
+  // The world laid out by mesh_dims(config()), made on the first call (not collective; its groups
+  // are, on first use). Null where world() is.
+  std::shared_ptr<DeviceMesh> mesh() const;
   int rank() const { return dist_.env.rank; }
   int world_size() const { return dist_.env.world_size; }
   // This rank's index among the ranks of its node, and how many there are (LOCAL_RANK,
@@ -85,6 +101,8 @@ class Context {
   std::vector<std::string> args_;
   std::vector<char*> argv_;
   Distributed dist_;
+  mutable std::once_flag mesh_once_;
+  mutable std::shared_ptr<DeviceMesh> mesh_;
   std::shared_ptr<memory::HostMemoryStack> allocator_;
   c10::Device device_{c10::kCPU};
 };

@@ -58,6 +58,7 @@
 
 #include <ATen/core/Tensor.h>
 #include <tandem/collectives/communicator.h>
+#include <tandem/collectives/device_mesh.h>
 #include <tandem/runtime/pipeline_schedule.h>
 #include <tandem/runtime/pipeline_simulate.h>
 #include <torch/nn/modules/container/sequential.h>
@@ -90,12 +91,17 @@ struct PipelineOptions {
 
 // Pipeline and data-parallel groups of a 2D layout: world rank r is pipeline rank r % p of
 // pipeline group r / p, and data-parallel rank r / p of data group r % p. Collective over
-// `world`; ConfigError unless pipeline_size divides world.size().
+// `world`; ConfigError unless pipeline_size divides world.size(). Both groups are communicators
+// of their own (`world` is borrowed, never handed back).
 struct PipelineGroups {
   std::shared_ptr<Communicator> pipeline;
   std::shared_ptr<Communicator> data;  // null when world.size() == pipeline_size
 };
 PipelineGroups make_pipeline_groups(Communicator& world, int pipeline_size);
+// The same from a mesh's `pp` dimension (Context::mesh(), parallel.pp): the pipeline group, and
+// the data group of every other dimension (null when they are all of size 1). The groups are the
+// mesh's, shared with its other users. Collective over the mesh's world on first use.
+PipelineGroups make_pipeline_groups(DeviceMesh& mesh);
 
 // Contiguous split of `weights` into `parts` non-empty ranges minimising the largest sum;
 // returns the sizes. ConfigError when parts > weights.size() or parts < 1. Pure.

@@ -26,6 +26,9 @@
 //            root unit, gathered for the whole step.
 //   hybrid:  options.group_size = k < world size shards inside groups of k consecutive ranks
 //            (one node) and all-reduces the shards across the groups (HSDP).
+// Ranks: a communicator (the wrapper lays it out as sharding_mesh_dims() says), or a DeviceMesh
+// with dimensions dp_replicate and dp_shard, such as Context::mesh(): the wrapper then takes its
+// groups from that mesh and shares them with every other user of it.
 // Memory per parameter with fp32 AdamW on N ranks: 4 + 4 + 8/N bytes (stage 1), 4 + 12/N (2),
 // 16/N plus the units being computed (3), against 16 for DistributedDataParallel.
 // Mixed precision (ddp.mixed_precision, tandem/runtime/mixed_precision.h): the shards are fp32
@@ -57,6 +60,7 @@
 
 #include <tandem/base/file_system.h>
 #include <tandem/collectives/communicator.h>
+#include <tandem/collectives/device_mesh.h>
 #include <tandem/runtime/distributed_data_parallel.h>
 #include <tandem/runtime/join.h>
 
@@ -93,6 +97,13 @@ struct ShardingOptions {
                                       // sharding across groups otherwise; must divide the world)
   std::string reduce_dtype = "fp32";  // sharding.reduce_dtype: fp32 | fp16 | bf16 on the wire
 };
+
+// The data-parallel layout `sharding` asks of `ranks` ranks: {{"dp_replicate", ranks / g},
+// {"dp_shard", g}}, g the ranks one shard spans (1 at stage 0, which shards nothing; sharding.
+// group_size, 0 meaning all). ConfigError, naming the key, for a group_size that does not divide
+// `ranks` or that is set at stage 0. `what` starts the messages ("ShardedDataParallel").
+std::vector<MeshDim> sharding_mesh_dims(const ShardingOptions& sharding, int ranks,
+                                        const std::string& what);
 
 // What a stage shards, each stage adding one: optimizer state (1), gradients (2), parameters (3).
 struct ShardingPolicy {
@@ -220,6 +231,12 @@ class ShardedDataParallelCore : public detail::Joinable {
                           std::shared_ptr<Communicator> comm, ShardingOptions sharding,
                           DistributedDataParallelOptions ddp,
                           ShardedStart start = ShardedStart::kBroadcast);
+  // Over the data-parallel dimensions of `mesh` (dp_replicate, dp_shard; others, such as pp, are
+  // the ranks this wrapper does not span). sharding.group_size must be 0 or dp_shard's size.
+  ShardedDataParallelCore(std::shared_ptr<torch::nn::Module> module,
+                          std::shared_ptr<DeviceMesh> mesh, ShardingOptions sharding,
+                          DistributedDataParallelOptions ddp,
+                          ShardedStart start = ShardedStart::kBroadcast);
   ~ShardedDataParallelCore() override;
   ShardedDataParallelCore(const ShardedDataParallelCore&) = delete;
   ShardedDataParallelCore& operator=(const ShardedDataParallelCore&) = delete;
@@ -253,6 +270,9 @@ class ShardedDataParallelCore : public detail::Joinable {
   // otherwise. Call between steps. An aborted fault-tolerant step's gradients and in-flight
   // collectives were dropped when it aborted (the wrapper joins the step's scope, step_scope.h).
   void reconnect(std::shared_ptr<Communicator> world);
+  // The same onto a mesh already rebuilt over the new epoch's world (DeviceMesh::rebuilt()), so
+  // that its groups are shared with the mesh's other users.
+  void reconnect(std::shared_ptr<DeviceMesh> mesh);
 
   // Writes the whole model - every parameter and buffer under its name - as one safetensors file
   // at `path` for inference (tandem/checkpoint/safetensors.h reads it back). Streams: one unit's
@@ -345,6 +365,17 @@ class ShardedDataParallel {
                       ShardedStart start = ShardedStart::kBroadcast)
       : ShardedDataParallel(holder.ptr(), std::move(comm), std::move(sharding), std::move(ddp),
                             start) {}
+  ShardedDataParallel(std::shared_ptr<Module> module, std::shared_ptr<DeviceMesh> mesh,
+                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
+                      ShardedStart start = ShardedStart::kBroadcast)
+      : module_(std::move(module)),
+        core_(std::make_unique<ShardedDataParallelCore>(module_, std::move(mesh),
+                                                        std::move(sharding), std::move(ddp), start)) {}
+  ShardedDataParallel(torch::nn::ModuleHolder<Module> holder, std::shared_ptr<DeviceMesh> mesh,
+                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
+                      ShardedStart start = ShardedStart::kBroadcast)
+      : ShardedDataParallel(holder.ptr(), std::move(mesh), std::move(sharding), std::move(ddp),
+                            start) {}
 
   template <class... Args>
   auto forward(Args&&... args) {
@@ -370,6 +401,7 @@ class ShardedDataParallel {
   }
   NoSyncGuard no_sync() { return core_->no_sync(); }
   void reconnect(std::shared_ptr<Communicator> world) { core_->reconnect(std::move(world)); }
+  void reconnect(std::shared_ptr<DeviceMesh> mesh) { core_->reconnect(std::move(mesh)); }
 
   const std::shared_ptr<Module>& module() const { return module_; }
   ShardedDataParallelCore& core() { return *core_; }
@@ -385,6 +417,14 @@ ShardedDataParallel(std::shared_ptr<Module>, std::shared_ptr<Communicator>, Shar
     -> ShardedDataParallel<Module>;
 template <class Module>
 ShardedDataParallel(torch::nn::ModuleHolder<Module>, std::shared_ptr<Communicator>, ShardingOptions,
+                    DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
+    -> ShardedDataParallel<Module>;
+template <class Module>
+ShardedDataParallel(std::shared_ptr<Module>, std::shared_ptr<DeviceMesh>, ShardingOptions,
+                    DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
+    -> ShardedDataParallel<Module>;
+template <class Module>
+ShardedDataParallel(torch::nn::ModuleHolder<Module>, std::shared_ptr<DeviceMesh>, ShardingOptions,
                     DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
     -> ShardedDataParallel<Module>;
 
