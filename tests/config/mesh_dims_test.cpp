@@ -27,15 +27,6 @@ std::string layout(const std::vector<MeshDim>& dims) {
   return out;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(MeshDims, ReplicasOutermostThenShardGroupsThenConsecutivePipelineStages) {
   EXPECT_EQ(layout(mesh_dims(with({}), 4)), "dp_replicate=4 dp_shard=1 pp=1");
   EXPECT_EQ(layout(mesh_dims(with({"sharding.stage=3"}), 4)), "dp_replicate=1 dp_shard=4 pp=1");
@@ -46,10 +37,10 @@ TEST(MeshDims, ReplicasOutermostThenShardGroupsThenConsecutivePipelineStages) {
 }
 
 TEST(MeshDims, SizesThatDoNotDivideNameTheKeyToSet) {
-  EXPECT_NE(error_of([] { mesh_dims(with({"parallel.pp=3"}), 4); })
+  EXPECT_NE(testing::config_error_of([] { mesh_dims(with({"parallel.pp=3"}), 4); })
                 .find("parallel.pp 3 does not divide the world of 4 ranks; --set parallel.pp=1"),
             std::string::npos);
-  const std::string shard = error_of([] {
+  const std::string shard = testing::config_error_of([] {
     mesh_dims(with({"parallel.pp=2", "sharding.stage=1", "sharding.group_size=3"}), 8);
   });
   EXPECT_NE(shard.find("sharding.group_size 3 does not divide the 4 data-parallel ranks"),
@@ -76,7 +67,7 @@ TEST(MeshDims, ThePipelineAndShardedDataParallelShareTheMeshsGroups) {
     EXPECT_EQ(s.shard_comm, mesh->group({"dp_shard"}, "gather"));
     EXPECT_EQ(s.shard_size(), 2);
     // A mesh laid out for other options is refused, naming both.
-    const std::string wrong = error_of([&] {
+    const std::string wrong = testing::config_error_of([&] {
       ShardedDataParallel other(model, mesh, with({"sharding.stage=0"}).sharding, config.ddp);
     });
     EXPECT_NE(wrong.find("shards over 2 ranks, but sharding.stage=0 with sharding.group_size=0 "

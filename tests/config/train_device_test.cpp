@@ -14,15 +14,6 @@
 namespace tandem {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(TrainDevice, TheKeyTakesAutoCpuCudaAndAnIndexAndNamesTheClosestOtherwise) {
   EXPECT_EQ(load_config({{}, {}, {"train.device=cuda:1"}}).config.train.device, "cuda:1");
   EXPECT_EQ(load_config({}).config.train.device, "auto");
@@ -44,10 +35,10 @@ TEST(TrainDevice, AutoIsTheRanksGpuWhenThereIsOneElseTheCpu) {
 }
 
 TEST(TrainDevice, ACudaDeviceThisMachineLacksIsAConfigErrorThatSaysWhatToSet) {
-  const std::string none = error_of([] { resolve_train_device("cuda", 0, 0); });
+  const std::string none = testing::config_error_of([] { resolve_train_device("cuda", 0, 0); });
   EXPECT_NE(none.find("no usable CUDA device"), std::string::npos) << none;
   EXPECT_NE(none.find("--set train.device=cpu"), std::string::npos) << none;
-  const std::string range = error_of([] { resolve_train_device("cuda:5", 0, 1); });
+  const std::string range = testing::config_error_of([] { resolve_train_device("cuda:5", 0, 1); });
   EXPECT_NE(range.find("train.device is cuda:5, but this machine has 1 CUDA device(s)"),
             std::string::npos)
       << range;
@@ -63,7 +54,7 @@ TEST(TrainDevice, BothWrappersRefuseAModelThatIsNotOnTrainDevice) {
   options.device = c10::Device(c10::kCUDA, 0);
   testing::run_ranks(1, [&](Communicator& comm) {
     std::shared_ptr<Communicator> world(&comm, [](Communicator*) {});
-    const std::string ddp = error_of([&] { DistributedDataParallel(model, world, options); });
+    const std::string ddp = testing::config_error_of([&] { DistributedDataParallel(model, world, options); });
     EXPECT_NE(ddp.find("parameter 'weight' is on cpu but train.device is cuda:0"),
               std::string::npos)
         << ddp;
@@ -71,7 +62,7 @@ TEST(TrainDevice, BothWrappersRefuseAModelThatIsNotOnTrainDevice) {
     ShardingOptions sharding;
     sharding.stage = 2;
     const std::string sdp =
-        error_of([&] { ShardedDataParallel(model, world, sharding, options); });
+        testing::config_error_of([&] { ShardedDataParallel(model, world, sharding, options); });
     EXPECT_NE(sdp.find("ShardedDataParallel: parameter 'weight' is on cpu"), std::string::npos)
         << sdp;
   });

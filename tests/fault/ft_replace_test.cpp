@@ -79,7 +79,7 @@ void expect_replaced(const Replaced& t) {
       << r.out;
 }
 
-// The 20 trials with replacement: a random rank of 2-4, at a random step and point of the
+// Random trials with replacement (8 in CI, FT_TEST_TRIALS=20 for the run): a random rank of 2-4, at a random step and point of the
 // step. FT_TEST_SEED=<n> replays a draw; the seed is in the test's output.
 TEST(StepFaultToleranceReplace, RandomSigkillWithReplacementEndsBitwiseEqualToUninterrupted) {
   run_drawn_trials(", replaced", [](const Draw& d) { expect_replaced({d.nproc, d.rank, d.step, d.at, {}}); });

@@ -64,7 +64,8 @@ void run_trial(const Trial& t) {
       << r.out;
 }
 
-// The 20 trials: a random rank of 2-4, at a random step and point of the step.
+// Random trials (8 in CI, FT_TEST_TRIALS=20 for the run): a random rank of 2-4, at a
+// random step, at each point of the step in turn.
 // FT_TEST_SEED=<n> replays a draw; the seed is in the test's output.
 TEST(StepFaultTolerance, RandomSigkillCostsOneStepAndMatchesTheFailureSchedule) {
   run_drawn_trials("", [](const Draw& d) { run_trial({d.nproc, {d.rank}, d.step, d.at}); });

@@ -4,6 +4,7 @@
 // (A CUDA tensor where tandem has no CUDA part: no_cuda_part_test.cpp, in processes of its own.)
 #include "tests/gpu/gpu_test_util.h"
 #include "tests/sharded/sharded_test_util.h"
+#include "tests/support/test_support.h"
 
 #include <tandem/base/errors.h>
 #include <tandem/collectives/nccl_communicator.h>
@@ -28,16 +29,6 @@ namespace {
 using sharded_test::borrow;
 using sharded_test::make_net;
 
-// The ConfigError `f` throws, or "(no error)".
-std::string config_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return std::tolower(c); });
   return s;
@@ -60,7 +51,7 @@ TEST_F(BadInput, RanksWhoseModelsAreOnDifferentDeviceTypesFailOnEveryRank) {
     std::vector<std::shared_ptr<sharded_test::NetImpl>> models = {on_gpu, make_net(7)};
     std::vector<std::string> errors(2);
     testing::run_ranks(2, [&](Communicator& comm) {
-      errors[comm.rank()] = config_error_of([&] {
+      errors[comm.rank()] = testing::config_error_of([&] {
         if (stage < 0) {
           DistributedDataParallel ddp(models[comm.rank()], borrow(comm));
         } else {
@@ -82,7 +73,7 @@ TEST_F(BadInput, RanksWhoseModelsAreOnDifferentDeviceTypesFailOnEveryRank) {
 TEST_F(BadInput, ACudaDeviceIndexOutOfRangeNamesTheDevicesThereAre) {
   const int n = static_cast<int>(torch::cuda::device_count());
   const std::string devices = std::to_string(n);
-  const std::string context = config_error_of([&] {
+  const std::string context = testing::config_error_of([&] {
     Context ctx(load_config({{}, {}, {"train.device=cuda:" + devices}}), {"tandem_gpu_tests"});
   });
   EXPECT_NE(context.find("train.device is cuda:" + devices + ", but this machine has " + devices +
@@ -91,7 +82,7 @@ TEST_F(BadInput, ACudaDeviceIndexOutOfRangeNamesTheDevicesThereAre) {
       << context;
   NcclOptions nccl;
   nccl.device = n;
-  const std::string connect = config_error_of(
+  const std::string connect = testing::config_error_of(
       [&] { connect_nccl(c10::make_intrusive<c10d::HashStore>(), 0, 1, nccl); });
   EXPECT_NE(connect.find("CUDA device " + devices + " does not exist (this machine has " +
                          devices + ")"),
@@ -103,7 +94,7 @@ TEST_F(BadInput, AModelLeftOnTheCpuUnderTrainDeviceCudaIsRefusedByBothWrappers) 
   Context ctx(load_config({{}, {}, {"train.device=cuda"}}), {"tandem_gpu_tests"});
   ASSERT_EQ(ctx.device(), c10::Device(c10::kCUDA, 0));
   auto model = make_net(7);  // on the CPU
-  const std::string ddp = config_error_of(
+  const std::string ddp = testing::config_error_of(
       [&] { DistributedDataParallel(model, ctx.world(), ctx.config().ddp); });
   EXPECT_NE(ddp.find("DistributedDataParallel: parameter 'in.weight' is on cpu but train.device "
                      "is cuda:0"),
@@ -111,7 +102,7 @@ TEST_F(BadInput, AModelLeftOnTheCpuUnderTrainDeviceCudaIsRefusedByBothWrappers) 
       << ddp;
   ShardingOptions sharding;
   sharding.stage = 2;
-  const std::string sdp = config_error_of(
+  const std::string sdp = testing::config_error_of(
       [&] { ShardedDataParallel(model, ctx.world(), sharding, ctx.config().ddp); });
   EXPECT_NE(sdp.find("ShardedDataParallel: parameter 'in.weight' is on cpu but train.device is "
                      "cuda:0"),

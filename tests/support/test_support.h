@@ -7,6 +7,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace c10d {
@@ -28,5 +29,9 @@ void run_threads(int world,
 // shared HashStore. Joins all threads, then rethrows the first exception any rank threw.
 void run_ranks(int world, const std::function<void(Communicator&)>& body,
                GlooOptions options = {});
+
+// The message of the ConfigError `f` throws, or "(no error)" when it throws none (another
+// exception passes through).
+std::string config_error_of(const std::function<void()>& f);
 
 }  // namespace tandem::testing
