@@ -13,6 +13,7 @@
 
 namespace tandem {
 
+using detail::BackwardPass;
 using detail::ReducerState;
 
 Reducer::Reducer(std::vector<at::Tensor> params, std::vector<std::string> names,
@@ -66,18 +67,7 @@ void Reducer::prepare_for_forward() {
   std::vector<WorkPtr> stale;
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.mode == ReducerState::Mode::kUnfinished ||
-        (s.mode == ReducerState::Mode::kSynchronizing && s.callback_queued)) {
-      std::string msg =
-          s.unfinished.empty()
-              ? "tandem: DistributedDataParallel: forward called while the previous backward "
-                "had not finished (it raised, or its graph was dropped midway)."
-              : s.unfinished;
-      s.mode = ReducerState::Mode::kIdle;
-      s.unfinished.clear();
-      throw Error(msg);
-    }
-    if (s.mode == ReducerState::Mode::kSynchronizing) {
+    if (s.backward.begin_forward() == BackwardPass::Mode::kSynchronizing) {
       // The forward was not followed by backward (evaluation, a skipped step): drop what was
       // launched for unused parameters, on every rank alike.
       for (auto& b : s.buckets) {
@@ -85,7 +75,6 @@ void Reducer::prepare_for_forward() {
       }
       if (s.used_work) stale.push_back(s.used_work);
     }
-    s.mode = ReducerState::Mode::kIdle;
   }
   for (auto& w : stale) w->wait();
   std::lock_guard<std::mutex> lock(s.mutex);
@@ -106,7 +95,7 @@ void Reducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   auto& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
   s.reset_iteration();
-  s.mode = ReducerState::Mode::kSynchronizing;
+  s.backward.arm(true);
   if (s.options.find_unused_parameters) s.find_unused(outputs);
 }
 
@@ -115,10 +104,10 @@ void Reducer::shadow_backward() {
   {
     std::lock_guard<std::mutex> lock(s.mutex);
     s.reset_iteration();
-    s.mode = ReducerState::Mode::kSynchronizing;
+    s.backward.arm(true);
     if (s.options.find_unused_parameters) s.find_unused({});  // used nowhere here
     s.deferred_unused.clear();
-    s.callback_queued = true;
+    s.backward.start_without_callback();
     for (size_t p = 0; p < s.params.size(); ++p) {
       s.view(static_cast<int64_t>(p)).zero_();
       s.mark_ready(static_cast<int64_t>(p));
@@ -129,7 +118,7 @@ void Reducer::shadow_backward() {
 
 void Reducer::prepare_for_accumulation() {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  state_->mode = ReducerState::Mode::kAccumulating;
+  state_->backward.arm(false);
 }
 
 std::vector<std::vector<int64_t>> Reducer::bucket_plan() const {
@@ -142,7 +131,7 @@ std::vector<std::vector<int64_t>> Reducer::bucket_plan() const {
 void Reducer::load_bucket_plan(const std::vector<std::vector<int64_t>>& plan) {
   auto& s = *state_;
   std::lock_guard<std::mutex> lock(s.mutex);
-  if (s.mode == ReducerState::Mode::kSynchronizing) {
+  if (s.backward.mode() == BackwardPass::Mode::kSynchronizing) {
     throw Error("tandem: Reducer::load_bucket_plan() called during a synchronised backward; load "
                 "the plan between steps.");
   }

@@ -6,7 +6,6 @@
 #include <tandem/base/trace.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
 
-#include <torch/csrc/autograd/engine.h>
 
 #include <ATen/ops/zeros.h>
 
@@ -121,39 +120,29 @@ void ReducerState::reset_iteration() {
     b.work.reset();
   }
   next_launch = 0;
-  callback_queued = false;
   deferred_unused.clear();
   used_work.reset();
 }
 
 void ReducerState::on_grad_ready(int64_t p) {
   std::lock_guard<std::mutex> lock(mutex);
-  if (mode == Mode::kAccumulating) {
+  // Under no_sync() a gradient only marks its parameter used; the buckets wait for a synchronised
+  // backward, so nothing needs finalizing.
+  if (backward.mode() == BackwardPass::Mode::kAccumulating) {
     locally_used[p] = 1;
     return;
   }
-  if (mode == Mode::kFinalized) {
-    throw Error("tandem: DistributedDataParallel: parameter '" + names[p] +
-                "' received a gradient after the synchronised backward of its forward had "
-                "finished: backward ran twice through one forward (retain_graph). Its "
-                "gradient would not be averaged; run one backward per forward.");
-  }
-  if (mode != Mode::kSynchronizing) return;  // a backward DistributedDataParallel did not arm
-  if (ready[p]) {
-    throw Error("tandem: DistributedDataParallel: parameter '" + names[p] +
-                "' received its gradient twice in one synchronised backward (backward run "
-                "twice through one forward, or a reentrant use of the parameter). Run one "
-                "backward per forward, or accumulate under no_sync().");
+  const bool first = !backward.started();
+  std::weak_ptr<ReducerState> weak = weak_from_this();
+  if (!backward.on_gradient(names[p], ready[p] != 0, [weak] {
+        if (auto self = weak.lock()) self->finalize();
+      })) {
+    return;  // a backward DistributedDataParallel did not arm
   }
   locally_used[p] = 1;
-  if (!callback_queued) {
-    callback_queued = true;
+  if (first) {
     backward_begin_us = trace::enabled() ? trace::now_us() : 0;
     if (trace::nvtx()) backward_nvtx = trace::nvtx_start("tandem backward");
-    std::weak_ptr<ReducerState> weak = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto self = weak.lock()) self->finalize();
-    });
   }
   if (!rebuilt && step == 0) ready_order.push_back(p);
   mark_deferred_ready();
@@ -187,7 +176,7 @@ void ReducerState::finalize() {
   std::vector<WorkPtr> works;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (mode != Mode::kSynchronizing) return;
+    if (backward.mode() != BackwardPass::Mode::kSynchronizing) return;
     if (!overlap) launch_ready();  // every bucket now, in order, with the cores free
     if (next_launch < static_cast<int64_t>(buckets.size())) {
       std::string bucket_list, param_list;
@@ -201,15 +190,14 @@ void ReducerState::finalize() {
         }
       }
       if (listed > 20) param_list += " (+" + std::to_string(listed - 20) + " more)";
-      unfinished =
+      backward.fail(
           "tandem: DistributedDataParallel: forward called before the previous iteration's "
           "gradient reduction finished: bucket(s) " +
           bucket_list +
           " never became ready; parameters that received no gradient: " + param_list +
           ". Some parameters did not take part in computing the loss. Set "
           "--set ddp.find_unused_parameters=true (DistributedDataParallelOptions::"
-          "find_unused_parameters), or make every parameter contribute to the loss on every rank.";
-      mode = Mode::kUnfinished;
+          "find_unused_parameters), or make every parameter contribute to the loss on every rank.");
       return;
     }
     for (auto& b : buckets) works.push_back(b.work);
@@ -252,7 +240,7 @@ void ReducerState::finalize() {
   // The optimizer step comes next: an async checkpoint save must have copied the parameters.
   wait_for_checkpoint_staging();
   ++step;
-  mode = Mode::kFinalized;
+  backward.finish();
 }
 
 }  // namespace tandem::detail

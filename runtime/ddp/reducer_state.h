@@ -7,6 +7,7 @@
 #include <tandem/runtime/bucket_plan.h>
 #include <tandem/runtime/reducer.h>
 
+#include "runtime/data_parallel/backward_pass.h"
 #include "runtime/data_parallel/grad_ready.h"
 
 #include <torch/csrc/autograd/function.h>
@@ -24,9 +25,6 @@ namespace tandem::detail {
 using ReducerClock = std::chrono::steady_clock;
 
 struct ReducerState : GradReadyListener, std::enable_shared_from_this<ReducerState> {
-  // kFinalized: a synchronised backward finished and no forward has started since.
-  enum class Mode { kIdle, kAccumulating, kSynchronizing, kFinalized, kUnfinished };
-
   struct Bucket {
     GradBucket grads;
     int64_t pending = 0;
@@ -51,11 +49,10 @@ struct ReducerState : GradReadyListener, std::enable_shared_from_this<ReducerSta
   mutable std::mutex mutex;
   std::vector<Bucket> buckets;
   std::vector<std::pair<int64_t, int64_t>> location;  // param -> (bucket, slot)
-  Mode mode = Mode::kIdle;
+  BackwardPass backward{"DistributedDataParallel"};  // mode, finalize callback, misuse checks
   std::vector<char> ready;
   std::vector<char> locally_used;     // since the last synchronised backward (no_sync included)
   int64_t next_launch = 0;
-  bool callback_queued = false;
   std::vector<int64_t> deferred_unused;  // unreached by this forward; marked ready at first hook
   at::Tensor used_map;
   WorkPtr used_work;
@@ -63,7 +60,6 @@ struct ReducerState : GradReadyListener, std::enable_shared_from_this<ReducerSta
   std::vector<int64_t> rebuild_order; // set after the first synchronised backward
   bool rebuilt = false;
   int64_t step = 0;
-  std::string unfinished;
   ReducerClock::time_point first_launch;
   double overlap_seconds = 0;
   double wait_seconds = 0;

@@ -176,17 +176,13 @@ void ShardedDataParallelCore::pre_forward() {
   std::lock_guard<std::mutex> lock(s.mutex);
   // Inside a fault-tolerant step: an abort drops what the step did (drop_step()).
   if (auto* scope = detail::StepScope::current()) scope->join(&s);
-  if (s.mode == State::Mode::kSynchronizing && s.callback_queued) {
-    s.mode = State::Mode::kIdle;
-    throw Error("tandem: ShardedDataParallel: forward called while the previous backward had not "
-                "finished (it raised, or its graph was dropped midway).");
-  }
-  if (s.mode == State::Mode::kSynchronizing || s.mode == State::Mode::kAccumulating) {
+  const detail::BackwardPass::Mode before = s.backward.begin_forward();
+  if (before == detail::BackwardPass::Mode::kSynchronizing ||
+      before == detail::BackwardPass::Mode::kAccumulating) {
     // A forward without backward (evaluation): it armed nothing that was issued.
     s.last_forward_order = s.forward_order;
   }
-  const bool fresh_gradients = s.mode == State::Mode::kFinalized;
-  s.mode = State::Mode::kIdle;
+  const bool fresh_gradients = before == detail::BackwardPass::Mode::kFinalized;
   s.gather_wait_seconds = 0;
   trace::Span span("sharded pre-forward", trace::kComm);
   if (fresh_gradients) {

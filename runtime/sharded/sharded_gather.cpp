@@ -131,7 +131,7 @@ void State::check_parameter_versions() {
 void State::before_forward(int u) {
   std::lock_guard<std::mutex> lock(mutex);
   detail::FlatUnit& unit = units[u];
-  const bool in_backward = mode == Mode::kSynchronizing || mode == Mode::kAccumulating;
+  const bool in_backward = backward.armed();
   if (unit.forward_ran && in_backward) {
     // Activation checkpointing recomputes the unit inside backward: its backward starts now.
     want_for_backward(u);
@@ -173,7 +173,7 @@ std::vector<at::Tensor> State::after_forward(int u, std::vector<at::Tensor> outp
       torch::autograd::set_history(o, node);
     }
   }
-  const bool in_backward = mode == Mode::kSynchronizing || mode == Mode::kAccumulating;
+  const bool in_backward = backward.armed();
   if (!in_backward && resharded(u)) release(u);
   return outputs;
 }
@@ -192,7 +192,7 @@ void State::gather_for_backward(size_t upto, int current) {
 
 void State::pre_backward(int u) {
   std::lock_guard<std::mutex> lock(mutex);
-  if (mode != Mode::kSynchronizing && mode != Mode::kAccumulating) return;
+  if (!backward.armed()) return;
   want_for_backward(u);
 }
 

@@ -50,7 +50,7 @@ void ShardedDataParallelCore::reconnect(std::shared_ptr<DeviceMesh> mesh) {
   }
   {
     std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.mode == State::Mode::kSynchronizing || s.mode == State::Mode::kAccumulating) {
+    if (s.backward.armed()) {
       throw Error("tandem: ShardedDataParallel::reconnect: called during a backward; call it "
                   "between steps.");
     }
@@ -103,8 +103,7 @@ void State::drop_step() {
     }
     if (u.shard.defined()) u.shard.mutable_grad().reset();  // half-reduced: the optimizer must not see it
   }
-  mode = Mode::kIdle;
-  callback_queued = false;
+  backward.reset();
   arrived.clear();
   forward_order.clear();
   reduce_order.clear();

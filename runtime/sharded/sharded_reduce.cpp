@@ -6,7 +6,6 @@
 #include <tandem/base/trace.h>
 #include <tandem/checkpoint/checkpoint_manager.h>
 
-#include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/variable.h>
 
@@ -19,8 +18,7 @@ namespace tandem {
 using State = ShardedDataParallelCore::State;
 
 void State::arm_backward(const std::vector<at::Tensor>& outputs) {
-  mode = sync ? Mode::kSynchronizing : Mode::kAccumulating;
-  callback_queued = false;
+  backward.arm(sync);
   arrived.assign(params.size(), 0);
   for (auto& u : units) {
     u.pending = static_cast<int64_t>(u.params.size());
@@ -59,25 +57,13 @@ void State::arm_backward(const std::vector<at::Tensor>& outputs) {
 
 void State::on_grad_ready(int64_t p) {
   std::lock_guard<std::mutex> lock(mutex);
-  if (mode == Mode::kFinalized) {
-    throw Error("tandem: ShardedDataParallel: parameter '" + names[p] +
-                "' received a gradient after the backward of its forward had finished: backward "
-                "ran twice through one forward (retain_graph). Run one backward per forward.");
-  }
-  if (mode != Mode::kSynchronizing && mode != Mode::kAccumulating) return;
-  if (arrived[p]) {
-    throw Error("tandem: ShardedDataParallel: parameter '" + names[p] +
-                "' received its gradient twice in one backward (backward run twice through one "
-                "forward, or a reentrant use of the parameter). Run one backward per forward.");
+  std::weak_ptr<State> weak = weak_from_this();
+  if (!backward.on_gradient(names[p], arrived[p] != 0, [weak] {
+        if (auto self = weak.lock()) self->finalize();
+      })) {
+    return;  // a backward ShardedDataParallel did not arm
   }
   arrived[p] = 1;
-  if (!callback_queued) {
-    callback_queued = true;
-    std::weak_ptr<State> weak = weak_from_this();
-    torch::autograd::Engine::get_default_engine().queue_callback([weak] {
-      if (auto self = weak.lock()) self->finalize();
-    });
-  }
   const int u = unit_of[p];
   if (--units[u].pending == 0) mark_ready(u);
 }
@@ -88,7 +74,7 @@ void State::mark_ready(int u) {
   // next unit's gather takes their place ("post").
   if (u != root) release(u);
   if (prefetch_in_backward("post")) gather_for_backward(backward_gathered + 1, -1);
-  if (mode == Mode::kSynchronizing) advance_reduces();
+  if (backward.mode() == detail::BackwardPass::Mode::kSynchronizing) advance_reduces();
 }
 
 void State::advance_reduces() {
@@ -210,7 +196,7 @@ void State::finalize() {
   std::vector<int> order;
   {
     std::lock_guard<std::mutex> lock(mutex);
-    if (mode != Mode::kSynchronizing && mode != Mode::kAccumulating) return;
+    if (!backward.armed()) return;
     // What this rank's graph did not reach completes now, in the same order as on every rank.
     gather_for_backward(backward_gathers.size(), -1);
     for (int u : backward_gathers) {
@@ -221,9 +207,9 @@ void State::finalize() {
     for (size_t u = 0; u < units.size(); ++u) {
       if (static_cast<int>(u) != root) release(static_cast<int>(u));
     }
-    if (mode == Mode::kAccumulating) {
+    if (backward.mode() == detail::BackwardPass::Mode::kAccumulating) {
       if (root >= 0) release(root);
-      mode = Mode::kIdle;
+      backward.finish();
       last_forward_order = forward_order;
       return;
     }
@@ -243,7 +229,7 @@ void State::finalize() {
   // (libtorch's SGD updates p.data()): every unit is gathered again, whoever asks first.
   for (auto& u : units) u.stale = true;
   ++step;
-  mode = Mode::kFinalized;
+  backward.finish();
 }
 
 }  // namespace tandem

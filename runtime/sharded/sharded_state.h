@@ -19,6 +19,7 @@
 #include <tandem/runtime/sharded_data_parallel.h>
 #include <tandem/runtime/step_scope.h>
 
+#include "runtime/data_parallel/backward_pass.h"
 #include "runtime/data_parallel/grad_ready.h"
 #include "runtime/sharded/flat_unit.h"
 
@@ -38,8 +39,6 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
                                         detail::GradReadyListener,
                                         detail::StepParticipant,
                                         std::enable_shared_from_this<ShardedDataParallelCore::State> {
-  enum class Mode { kIdle, kAccumulating, kSynchronizing, kFinalized, kUnfinished };
-
   // finalize() waits for async checkpoint copies, so saves may defer them (checkpoint_manager.h).
   CheckpointStagingFence staging_fence;
   std::shared_ptr<torch::nn::Module> module;
@@ -66,7 +65,7 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   detail::GradAccumulators accumulators;  // the grad-ready hooks
 
   mutable std::mutex mutex;
-  Mode mode = Mode::kIdle;
+  detail::BackwardPass backward{"ShardedDataParallel"};  // mode, finalize callback, misuse checks
   bool sync = true;
   bool join_active = false;        // a Join lives: each training forward notifies it
   int64_t step = 0;
@@ -79,9 +78,7 @@ struct ShardedDataParallelCore::State : detail::UnitHooks,
   std::vector<int> backward_gathers;     // stage 3: units to gather again, in backward order
   size_t backward_gathered = 0;
   std::vector<char> arrived;             // param -> its gradient arrived in this backward
-  bool callback_queued = false;
   std::vector<int64_t> param_versions;  // after the last gather: detects stray optimizers
-  std::string unfinished;
   std::chrono::steady_clock::time_point first_reduce;
   double overlap_seconds = 0;
   double gather_wait_seconds = 0;  // this step's time blocked in wait_gathered

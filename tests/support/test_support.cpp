@@ -1,7 +1,5 @@
 #include "tests/support/test_support.h"
 
-#include <tandem/base/errors.h>
-
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <exception>
@@ -42,15 +40,6 @@ void run_ranks(int world, const std::function<void(Communicator&)>& body, GlooOp
     auto comm = connect_gloo(store, rank, world, options);
     body(*comm);
   });
-}
-
-std::string config_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConfigError& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 }  // namespace tandem::testing

@@ -1,6 +1,7 @@
 // Test helpers: ranks as threads over one in-process HashStore.
 #pragma once
 
+#include <tandem/base/errors.h>
 #include <tandem/collectives/communicator.h>
 #include <tandem/collectives/gloo_communicator.h>
 
@@ -30,8 +31,17 @@ void run_threads(int world,
 void run_ranks(int world, const std::function<void(Communicator&)>& body,
                GlooOptions options = {});
 
-// The message of the ConfigError `f` throws, or "(no error)" when it throws none (another
-// exception passes through).
-std::string config_error_of(const std::function<void()>& f);
+// The message of the E that `f` throws, or "(no error)" when it throws none (another exception
+// passes through).
+template <class E>
+std::string message_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+inline std::string config_error_of(const std::function<void()>& f) { return message_of<ConfigError>(f); }
 
 }  // namespace tandem::testing
