@@ -327,12 +327,7 @@ int Agent::run() {
         group_.stop(SIGTERM, grace_);
         break;
       case MonitorResult::Outcome::kInterrupted:
-        log_line("received " + signal_name(result.signal) +
-                 "; forwarding it to the workers (SIGKILL after " +
-                 seconds_text(options_.grace_period_s) + ")");
-        group_.stop(result.signal, grace_);
-        print_interrupt_summary(group_.workers(), result.signal, options_.grace_period_s);
-        return finish(128 + result.signal);
+        return finish(stop_on_signal(group_, result.signal, options_.grace_period_s));
     }
     if (const int sig = group_.received_stop_signal(); sig != 0) {
       log_line("received " + signal_name(sig) + " while handling the failure; not restarting");

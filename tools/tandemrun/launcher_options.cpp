@@ -183,6 +183,31 @@ bool is_executable_file(const std::string& path, int* error) {
   return true;
 }
 
+// torchrun's variable for an option: PET_ and its first long name, upper case, '-' as '_'.
+std::string pet_variable(const std::string& names) {
+  std::string name = names.substr(names.find("--") + 2);
+  name = name.substr(0, name.find(','));
+  std::string out = "PET_";
+  for (char c : name)
+    out += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return out;
+}
+
+// An option as torchrun has it: `names` as CLI11 spells them ("--master-port,--master_port"),
+// also read from its PET_ variable, with its default shown in --help unless `show_default` is
+// false.
+template <class T>
+CLI::Option* torchrun_option(CLI::App& app, const std::string& names, T& value,
+                             const std::string& help, bool show_default = true) {
+  CLI::Option* option = app.add_option(names, value, help)->envname(pet_variable(names));
+  return show_default ? option->capture_default_str() : option;
+}
+
+CLI::Option* torchrun_flag(CLI::App& app, const std::string& names, bool& value,
+                           const std::string& help) {
+  return app.add_flag(names, value, help)->envname(pet_variable(names));
+}
+
 }  // namespace
 
 std::string resolve_program(const std::string& program, const std::string& path_env) {
@@ -234,142 +259,108 @@ CommandLine parse_command_line(int argc, const char* const* argv) {
   app.set_version_flag("--version", std::string("tandemrun (tandem) ") + TANDEM_VERSION,
                        "Print the version and exit");
 
-  auto* nnodes_option = app.add_option(
-         "--nnodes", nnodes,
-         "Number of nodes, N or MIN:MAX; MAX > 1 runs the multi-node rendezvous (a late node "
-         "joins at the next restart, the job goes on with >= MIN nodes)")
-      ->envname("PET_NNODES")
-      ->capture_default_str();
+  auto* nnodes_option = torchrun_option(
+      app, "--nnodes", nnodes,
+      "Number of nodes, N or MIN:MAX; MAX > 1 runs the multi-node rendezvous (a late node "
+      "joins at the next restart, the job goes on with >= MIN nodes)");
   auto* node_rank_option =
-      app.add_option("--node-rank,--node_rank", o.node_rank,
-                     "Rank of this node (GROUP_RANK); 0 on a single node. Multi-node: the node "
-                     "with rank 0 hosts the rendezvous store when there is no --rdzv-endpoint, "
-                     "and given ranks order the nodes of a round (else join order)")
-          ->envname("PET_NODE_RANK")
-          ->capture_default_str();
-  auto* nproc = app.add_option("--nproc-per-node,--nproc_per_node", o.nproc_per_node,
-                               "Number of worker processes to start on this node (required unless "
-                               "Slurm's SLURM_GPUS_ON_NODE/SLURM_NTASKS_PER_NODE give it)")
-                    ->envname("PET_NPROC_PER_NODE");
-  auto* master_addr = app.add_option("--master-addr,--master_addr", o.master_addr,
-                 "Address of rank 0's store (MASTER_ADDR)")
-      ->envname("PET_MASTER_ADDR")
-      ->capture_default_str();
-  auto* port = app.add_option("--master-port,--master_port", o.master_port,
-                              "Port of rank 0's store (MASTER_PORT)")
-                   ->envname("PET_MASTER_PORT")
-                   ->capture_default_str();
-  app.add_flag("--standalone", o.standalone,
-               "Pick a free port on --master-addr instead of --master-port (single-node runs)")
-      ->envname("PET_STANDALONE");
-  auto* run_id = app.add_option("--run-id,--run_id", o.run_id,
-                 "Run id given to workers as TORCHELASTIC_RUN_ID (default: random)")
-      ->envname("PET_RUN_ID");
-  app.add_option("--grace-period-s,--grace_period_s", o.grace_period_s,
-                 "Seconds stopping workers get between SIGTERM and SIGKILL")
-      ->envname("PET_GRACE_PERIOD_S")
-      ->capture_default_str();
-  app.add_option("--max-restarts,--max_restarts", o.max_restarts,
-                 "Restarts of all workers after a worker failure before giving up")
-      ->envname("PET_MAX_RESTARTS")
-      ->capture_default_str();
-  app.add_option("--monitor-interval,--monitor_interval", o.monitor_interval_s,
-                 "Seconds between heartbeat checks (exits are noticed at once)")
-      ->envname("PET_MONITOR_INTERVAL")
-      ->capture_default_str();
-  app.add_option("--heartbeat-timeout,--heartbeat_timeout", o.heartbeat_timeout_s,
-                 "Seconds without tandem::heartbeat() after the first one before a worker counts "
-                 "as hung and failed (0: off)")
-      ->envname("PET_HEARTBEAT_TIMEOUT")
-      ->capture_default_str();
-  app.add_flag("--ft", o.ft,
-               "Step-level fault tolerance (docs/fault_tolerance.md): tandemrun serves the "
-               "rendezvous store and reports a worker that dies; the others drop the step, go on "
-               "without it (ft.enabled in the program) and the group restarts only when they fail "
-               "too. On several nodes the agent hosting the rendezvous serves the store; a node "
-               "cut off from it stops its workers")
-      ->envname("PET_FT");
-  app.add_flag("--ft-replace", o.ft_replace,
-               "With --ft (implied): start a replacement for each worker that dies (a standby's "
-               "process when there is one); it joins the others at their next step and receives "
-               "the training state from a live peer. Each replacement uses one of --max-restarts")
-      ->envname("PET_FT_REPLACE");
-  app.add_option("--trace-dir,--trace_dir", o.trace_dir,
-                 "Workers record timelines into DIR (TANDEM_TRACE_DIR); merged into "
-                 "DIR/timeline.json with a summary after the run (docs/timeline.md)")
-      ->envname("PET_TRACE_DIR");
-  app.add_option("--metrics-port,--metrics_port", o.metrics_port,
-                 "Serve the local ranks' live metrics (steps, samples/s, loss, step and "
-                 "communication time, bytes on the wire, allocator bytes, restarts, checkpoint age) "
-                 "in Prometheus's text format at http://HOST:PORT/metrics (0: off)")
-      ->envname("PET_METRICS_PORT")
+      torchrun_option(app, "--node-rank,--node_rank", o.node_rank,
+                      "Rank of this node (GROUP_RANK); 0 on a single node. Multi-node: the node "
+                      "with rank 0 hosts the rendezvous store when there is no --rdzv-endpoint, "
+                      "and given ranks order the nodes of a round (else join order)");
+  auto* nproc = torchrun_option(app, "--nproc-per-node,--nproc_per_node", o.nproc_per_node,
+                                "Number of worker processes to start on this node (required unless "
+                                "Slurm's SLURM_GPUS_ON_NODE/SLURM_NTASKS_PER_NODE give it)",
+                                false);
+  auto* master_addr = torchrun_option(app, "--master-addr,--master_addr", o.master_addr,
+                                      "Address of rank 0's store (MASTER_ADDR)");
+  auto* port = torchrun_option(app, "--master-port,--master_port", o.master_port,
+                               "Port of rank 0's store (MASTER_PORT)");
+  torchrun_flag(app, "--standalone", o.standalone,
+                "Pick a free port on --master-addr instead of --master-port (single-node runs)");
+  auto* run_id =
+      torchrun_option(app, "--run-id,--run_id", o.run_id,
+                      "Run id given to workers as TORCHELASTIC_RUN_ID (default: random)", false);
+  torchrun_option(app, "--grace-period-s,--grace_period_s", o.grace_period_s,
+                  "Seconds stopping workers get between SIGTERM and SIGKILL");
+  torchrun_option(app, "--max-restarts,--max_restarts", o.max_restarts,
+                  "Restarts of all workers after a worker failure before giving up");
+  torchrun_option(app, "--monitor-interval,--monitor_interval", o.monitor_interval_s,
+                  "Seconds between heartbeat checks (exits are noticed at once)");
+  torchrun_option(app, "--heartbeat-timeout,--heartbeat_timeout", o.heartbeat_timeout_s,
+                  "Seconds without tandem::heartbeat() after the first one before a worker counts "
+                  "as hung and failed (0: off)");
+  torchrun_flag(app, "--ft", o.ft,
+                "Step-level fault tolerance (docs/fault_tolerance.md): tandemrun serves the "
+                "rendezvous store and reports a worker that dies; the others drop the step, go on "
+                "without it (ft.enabled in the program) and the group restarts only when they fail "
+                "too. On several nodes the agent hosting the rendezvous serves the store; a node "
+                "cut off from it stops its workers");
+  torchrun_flag(app, "--ft-replace", o.ft_replace,
+                "With --ft (implied): start a replacement for each worker that dies (a standby's "
+                "process when there is one); it joins the others at their next step and receives "
+                "the training state from a live peer. Each replacement uses one of --max-restarts");
+  torchrun_option(app, "--trace-dir,--trace_dir", o.trace_dir,
+                  "Workers record timelines into DIR (TANDEM_TRACE_DIR); merged into "
+                  "DIR/timeline.json with a summary after the run (docs/timeline.md)",
+                  false);
+  torchrun_option(
+      app, "--metrics-port,--metrics_port", o.metrics_port,
+      "Serve the local ranks' live metrics (steps, samples/s, loss, step and "
+      "communication time, bytes on the wire, allocator bytes, restarts, checkpoint age) "
+      "in Prometheus's text format at http://HOST:PORT/metrics (0: off)",
+      false)
       ->check(CLI::Range(0, 65535));
-  app.add_option("--metrics-host,--metrics_host", o.metrics_host,
-                 "Address the metrics endpoint binds (default loopback; 0.0.0.0 for every interface)")
-      ->envname("PET_METRICS_HOST")
-      ->capture_default_str();
+  torchrun_option(
+      app, "--metrics-host,--metrics_host", o.metrics_host,
+      "Address the metrics endpoint binds (default loopback; 0.0.0.0 for every interface)");
   bool standby = false;
   auto* standby_option =
-      app.add_flag("--standby,!--no-standby", standby,
-                   "Keep the next attempt's workers started ahead, waiting in tandem::run_main "
-                   "for their environment, so a restart skips process start and library "
-                   "loading (needs --max-restarts > 0). Default: on when --max-restarts > 0, "
-                   "the program calls tandem::run_main and memory allows it")
-          ->envname("PET_STANDBY");
+      torchrun_flag(app, "--standby,!--no-standby", standby,
+                    "Keep the next attempt's workers started ahead, waiting in tandem::run_main "
+                    "for their environment, so a restart skips process start and library "
+                    "loading (needs --max-restarts > 0). Default: on when --max-restarts > 0, "
+                    "the program calls tandem::run_main and memory allows it");
   std::string ranks_filter;
-  app.add_option("--log-dir,--log_dir", o.log_dir,
-                 "Base directory for worker log files: <dir>/<run id>_XXXXXX/attempt_<restart>/"
-                 "<local rank>/{stdout,stderr}.log and error.json (default: a temp dir, made "
-                 "only when --redirects/--tee ask for files)")
-      ->envname("PET_LOG_DIR");
-  app.add_option("-r,--redirects", o.redirects,
-                 "Send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, for "
-                 "all local ranks, or per local rank as 0:3,1:2")
-      ->envname("PET_REDIRECTS")
-      ->capture_default_str();
-  app.add_option("-t,--tee", o.tee,
-                 "Send worker streams to log files and the console (syntax of --redirects)")
-      ->envname("PET_TEE")
-      ->capture_default_str();
-  app.add_option("--local-ranks-filter,--local_ranks_filter", ranks_filter,
-                 "Comma-separated local ranks whose output is shown on the console, e.g. 0 "
-                 "(log files are written for all; default: all)")
-      ->envname("PET_LOCAL_RANKS_FILTER");
+  torchrun_option(app, "--log-dir,--log_dir", o.log_dir,
+                  "Base directory for worker log files: <dir>/<run id>_XXXXXX/attempt_<restart>/"
+                  "<local rank>/{stdout,stderr}.log and error.json (default: a temp dir, made "
+                  "only when --redirects/--tee ask for files)",
+                  false);
+  torchrun_option(app, "-r,--redirects", o.redirects,
+                  "Send worker streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, for "
+                  "all local ranks, or per local rank as 0:3,1:2");
+  torchrun_option(app, "-t,--tee", o.tee,
+                  "Send worker streams to log files and the console (syntax of --redirects)");
+  torchrun_option(app, "--local-ranks-filter,--local_ranks_filter", ranks_filter,
+                  "Comma-separated local ranks whose output is shown on the console, e.g. 0 "
+                  "(log files are written for all; default: all)",
+                  false);
 
   // Multi-node rendezvous (docs/launcher.md "Multi-node").
-  app.add_option("--rdzv-backend,--rdzv_backend", o.rdzv_backend,
-                 "Rendezvous backend: c10d (or static, the same here): a TCPStore of the agents")
-      ->envname("PET_RDZV_BACKEND")
-      ->capture_default_str();
-  app.add_option("--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
-                 "HOST[:PORT] of the agents' rendezvous store; the agent that can bind it hosts "
-                 "it (default: --master-addr:--master-port, hosted by node rank 0)")
-      ->envname("PET_RDZV_ENDPOINT");
-  app.add_option("--rdzv-id,--rdzv_id", o.rdzv_id,
-                 "Job id shared by all nodes; namespaces the rendezvous keys")
-      ->envname("PET_RDZV_ID")
-      ->capture_default_str();
-  app.add_option("--rdzv-token-file,--rdzv_token_file", o.rdzv_token_file,
-                 "File whose first line is the job token (when TANDEM_JOB_TOKEN is unset); "
-                 "agents with another token are rejected")
-      ->envname("PET_RDZV_TOKEN_FILE");
-  app.add_option("--rdzv-last-call-s,--rdzv_last_call_s", o.rdzv_last_call_s,
-                 "Seconds a round with >= MIN nodes stays open for more (it closes at once with "
-                 "MAX)")
-      ->envname("PET_RDZV_LAST_CALL_S")
-      ->capture_default_str();
-  app.add_option("--rdzv-join-timeout-s,--rdzv_join_timeout_s", o.rdzv_join_timeout_s,
-                 "Seconds an agent waits for a round to gather MIN nodes before giving up")
-      ->envname("PET_RDZV_JOIN_TIMEOUT_S")
-      ->capture_default_str();
-  app.add_option("--rdzv-node-timeout-s,--rdzv_node_timeout_s", o.rdzv_node_timeout_s,
-                 "Seconds without a keep-alive after which a node counts as lost")
-      ->envname("PET_RDZV_NODE_TIMEOUT_S")
-      ->capture_default_str();
-  app.add_option("--local-addr,--local_addr", o.local_addr,
-                 "Address other nodes use to reach this node's workers (default: 127.0.0.1 when "
-                 "the rendezvous is on loopback, else the host name)")
-      ->envname("PET_LOCAL_ADDR");
+  torchrun_option(app, "--rdzv-backend,--rdzv_backend", o.rdzv_backend,
+                  "Rendezvous backend: c10d (or static, the same here): a TCPStore of the agents");
+  torchrun_option(app, "--rdzv-endpoint,--rdzv_endpoint", o.rdzv_endpoint,
+                  "HOST[:PORT] of the agents' rendezvous store; the agent that can bind it hosts "
+                  "it (default: --master-addr:--master-port, hosted by node rank 0)",
+                  false);
+  torchrun_option(app, "--rdzv-id,--rdzv_id", o.rdzv_id,
+                  "Job id shared by all nodes; namespaces the rendezvous keys");
+  torchrun_option(app, "--rdzv-token-file,--rdzv_token_file", o.rdzv_token_file,
+                  "File whose first line is the job token (when TANDEM_JOB_TOKEN is unset); "
+                  "agents with another token are rejected",
+                  false);
+  torchrun_option(app, "--rdzv-last-call-s,--rdzv_last_call_s", o.rdzv_last_call_s,
+                  "Seconds a round with >= MIN nodes stays open for more (it closes at once with "
+                  "MAX)");
+  torchrun_option(app, "--rdzv-join-timeout-s,--rdzv_join_timeout_s", o.rdzv_join_timeout_s,
+                  "Seconds an agent waits for a round to gather MIN nodes before giving up");
+  torchrun_option(app, "--rdzv-node-timeout-s,--rdzv_node_timeout_s", o.rdzv_node_timeout_s,
+                  "Seconds without a keep-alive after which a node counts as lost");
+  torchrun_option(app, "--local-addr,--local_addr", o.local_addr,
+                  "Address other nodes use to reach this node's workers (default: 127.0.0.1 when "
+                  "the rendezvous is on loopback, else the host name)",
+                  false);
 
   try {
     app.parse(argc, const_cast<char**>(argv));  // CLI11 does not modify argv

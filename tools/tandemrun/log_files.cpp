@@ -106,23 +106,24 @@ WorkerRoutes route_worker(const StdSpec& redirects, const StdSpec& tee,
   return WorkerRoutes{route(kStdOut, "stdout.log"), route(kStdErr, "stderr.log")};
 }
 
-void make_directories(const std::string& path) {
+// A filesystem call on a log directory, or an Error that says what to do.
+void on_log_dir(bool create, const std::string& path) {
   std::error_code error;
-  std::filesystem::create_directories(path, error);
+  if (create) {
+    std::filesystem::create_directories(path, error);
+  } else {
+    std::filesystem::remove_all(path, error);
+  }
   if (error) {
-    throw Error("cannot create the log directory " + path + ": " + error.message() +
-                "; choose a writable --log-dir");
+    throw Error("cannot " + std::string(create ? "create" : "empty") + " the log directory " +
+                path + ": " + error.message() +
+                (create ? "; choose a writable --log-dir"
+                        : "; remove it by hand or choose another --log-dir"));
   }
 }
 
-void remove_tree(const std::string& path) {
-  std::error_code error;
-  std::filesystem::remove_all(path, error);
-  if (error) {
-    throw Error("cannot empty the log directory " + path + ": " + error.message() +
-                "; remove it by hand or choose another --log-dir");
-  }
-}
+void make_directories(const std::string& path) { on_log_dir(true, path); }
+void remove_tree(const std::string& path) { on_log_dir(false, path); }
 
 RunLogDir::RunLogDir(const std::string& base, const std::string& run_id) {
   std::string parent = base;

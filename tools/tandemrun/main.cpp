@@ -134,12 +134,7 @@ int run_workers(LauncherOptions options, std::vector<std::string> env) {
         return cannot_fix ? kExitFinal : kExitWorkerFailed;
       }
       case MonitorResult::Outcome::kInterrupted:
-        log_line("received " + signal_name(result.signal) +
-                 "; forwarding it to the workers (SIGKILL after " +
-                 seconds_text(options.grace_period_s) + ")");
-        group.stop(result.signal, grace);
-        print_interrupt_summary(group.workers(), result.signal, options.grace_period_s);
-        return 128 + result.signal;
+        return stop_on_signal(group, result.signal, options.grace_period_s);
       case MonitorResult::Outcome::kExternal:
         break;  // only with a monitor hook (the multi-node agent); none is set here
     }

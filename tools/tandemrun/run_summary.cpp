@@ -3,6 +3,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include "tools/tandemrun/fd_io.h"
@@ -99,12 +101,16 @@ void print_root_cause(const std::vector<FailureRecord>& failures, int max_restar
   write_all(2, out.str());
 }
 
-void print_interrupt_summary(const std::vector<Worker>& workers, int signo, double grace_period_s) {
+int stop_on_signal(WorkerGroup& group, int signo, double grace_period_s) {
+  log_line("received " + signal_name(signo) + "; forwarding it to the workers (SIGKILL after " +
+           seconds_text(grace_period_s) + ")");
+  group.stop(signo, std::chrono::milliseconds(std::llround(grace_period_s * 1000.0)));
   std::ostringstream out;
   out << "tandemrun: stopped by " << signal_name(signo) << "; workers:\n";
-  for (const auto& w : workers)
+  for (const auto& w : group.workers())
     out << "tandemrun:   " << describe_worker(w, grace_period_s) << "\n";
   write_all(2, out.str());
+  return 128 + signo;
 }
 
 }  // namespace tandem::launcher

@@ -46,7 +46,8 @@ std::string describe_failure(const Worker& worker, double heartbeat_timeout_s);
 //   tandemrun:   restart 0: rank 1 (pid P) exited with code 1: RuntimeError: boom
 void print_root_cause(const std::vector<FailureRecord>& failures, int max_restarts);
 
-// After tandemrun itself was asked to stop (signal `signo`) and stop() ran.
-void print_interrupt_summary(const std::vector<Worker>& workers, int signo, double grace_period_s);
+// tandemrun itself was asked to stop by signal `signo`: forwards it to the workers (SIGKILL after
+// grace_period_s), prints what became of each, and returns the exit status, 128 + signo.
+int stop_on_signal(WorkerGroup& group, int signo, double grace_period_s);
 
 }  // namespace tandem::launcher
