@@ -67,23 +67,23 @@ void widen_into(const at::Tensor& high, const at::Tensor& low) {
 
 // ---- ForwardingCommunicator ------------------------------------------------------------------
 
-WorkPtr ForwardingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+WorkPtr ForwardingCommunicator::do_allreduce(const at::Tensor& tensor, ReduceOp op) {
   return inner_.allreduce(tensor, op);
 }
-WorkPtr ForwardingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+WorkPtr ForwardingCommunicator::do_broadcast(const at::Tensor& tensor, int root) {
   return inner_.broadcast(tensor, root);
 }
-WorkPtr ForwardingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+WorkPtr ForwardingCommunicator::do_allgather(const at::Tensor& output, const at::Tensor& input) {
   return inner_.allgather(output, input);
 }
-WorkPtr ForwardingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+WorkPtr ForwardingCommunicator::do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                                ReduceOp op) {
   return inner_.reduce_scatter(output, input, op);
 }
-WorkPtr ForwardingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+WorkPtr ForwardingCommunicator::do_send(const at::Tensor& tensor, int dst, uint32_t tag) {
   return inner_.send(tensor, dst, tag);
 }
-WorkPtr ForwardingCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
+WorkPtr ForwardingCommunicator::do_recv(const at::Tensor& tensor, int src, uint32_t tag) {
   return inner_.recv(tensor, src, tag);
 }
 WorkPtr ForwardingCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire,
@@ -91,7 +91,7 @@ WorkPtr ForwardingCommunicator::allreduce_narrowed(const at::Tensor& tensor, at:
   NarrowedAllreduce* below = inner_.narrowed_allreduce();
   return below != nullptr ? below->allreduce_narrowed(tensor, wire, divisor) : nullptr;
 }
-std::shared_ptr<Communicator> ForwardingCommunicator::new_group(const std::vector<int>& ranks) {
+std::shared_ptr<Communicator> ForwardingCommunicator::do_new_group(const std::vector<int>& ranks) {
   return inner_.new_group(ranks);
 }
 std::shared_ptr<Communicator> ForwardingCommunicator::split(int color, int key) {
@@ -105,32 +105,32 @@ uint64_t CountingCommunicator::allreduce_bytes(uint64_t bytes, int ranks) {
                    : 0;
 }
 
-WorkPtr CountingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+WorkPtr CountingCommunicator::do_allreduce(const at::Tensor& tensor, ReduceOp op) {
   WorkPtr work = inner_.allreduce(tensor, op);  // validates first: a rejected op sends nothing
   sent_ += allreduce_bytes(nbytes(tensor), size());
   return work;
 }
 
-WorkPtr CountingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+WorkPtr CountingCommunicator::do_broadcast(const at::Tensor& tensor, int root) {
   WorkPtr work = inner_.broadcast(tensor, root);
   if (size() > 1) sent_ += nbytes(tensor);
   return work;
 }
 
-WorkPtr CountingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+WorkPtr CountingCommunicator::do_allgather(const at::Tensor& output, const at::Tensor& input) {
   WorkPtr work = inner_.allgather(output, input);
   sent_ += nbytes(input) * static_cast<uint64_t>(size() - 1);
   return work;
 }
 
-WorkPtr CountingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+WorkPtr CountingCommunicator::do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                              ReduceOp op) {
   WorkPtr work = inner_.reduce_scatter(output, input, op);
   sent_ += nbytes(output) * static_cast<uint64_t>(size() - 1);
   return work;
 }
 
-WorkPtr CountingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+WorkPtr CountingCommunicator::do_send(const at::Tensor& tensor, int dst, uint32_t tag) {
   WorkPtr work = inner_.send(tensor, dst, tag);
   sent_ += nbytes(tensor);
   return work;
@@ -168,7 +168,7 @@ at::Tensor CastingCommunicator::wire_copy(const at::Tensor& t) {
   return copy;
 }
 
-WorkPtr CastingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+WorkPtr CastingCommunicator::do_allreduce(const at::Tensor& tensor, ReduceOp op) {
   if (!casts(tensor)) return inner_.allreduce(tensor, op);
   // Average as a sum of pre-divided values: n values near the dtype's maximum cannot overflow.
   const bool average = op == ReduceOp::kAvg;
@@ -185,7 +185,7 @@ WorkPtr CastingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
                                             [tensor, low] { widen_into(tensor, low); });
 }
 
-WorkPtr CastingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+WorkPtr CastingCommunicator::do_broadcast(const at::Tensor& tensor, int root) {
   if (!casts(tensor)) return inner_.broadcast(tensor, root);
   at::Tensor low = wire_copy(tensor);
   narrow_into(low, tensor, 1);
@@ -194,7 +194,7 @@ WorkPtr CastingCommunicator::broadcast(const at::Tensor& tensor, int root) {
                                             [tensor, low] { widen_into(tensor, low); });
 }
 
-WorkPtr CastingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+WorkPtr CastingCommunicator::do_allgather(const at::Tensor& output, const at::Tensor& input) {
   if (!casts(input)) return inner_.allgather(output, input);
   at::Tensor low_in = wire_copy(input);
   narrow_into(low_in, input, 1);
@@ -204,7 +204,7 @@ WorkPtr CastingCommunicator::allgather(const at::Tensor& output, const at::Tenso
                                             [output, low_out] { widen_into(output, low_out); });
 }
 
-WorkPtr CastingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+WorkPtr CastingCommunicator::do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                             ReduceOp op) {
   if (!casts(input)) return inner_.reduce_scatter(output, input, op);
   const bool average = op == ReduceOp::kAvg;

@@ -24,16 +24,7 @@ class ForwardingCommunicator : public Communicator, public NarrowedAllreduce {
   std::string backend() const override { return inner_.backend(); }
   int world_rank(int group_rank) const override { return inner_.world_rank(group_rank); }
   std::chrono::milliseconds timeout() const override { return inner_.timeout(); }
-  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
-  WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag) override;
   bool p2p_tags(c10::Device device) const override { return inner_.p2p_tags(device); }
-  WorkPtr barrier() override { return inner_.barrier(); }
-  WorkPtr fence() override { return inner_.fence(); }
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override { inner_.abort(reason); }
 
@@ -49,6 +40,18 @@ class ForwardingCommunicator : public Communicator, public NarrowedAllreduce {
   WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) override;
 
  protected:
+  // Each op to the inner communicator's, unchanged (its checks run again there: a wrapper may
+  // change what it passes on).
+  WorkPtr do_allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr do_broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr do_allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+  WorkPtr do_recv(const at::Tensor& tensor, int src, uint32_t tag) override;
+  WorkPtr do_barrier() override { return inner_.barrier(); }
+  WorkPtr do_fence() override { return inner_.fence(); }
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override;
+
   Communicator& inner_;
 };
 
@@ -58,11 +61,6 @@ class CountingCommunicator final : public ForwardingCommunicator {
  public:
   using ForwardingCommunicator::ForwardingCommunicator;
 
-  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
   WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) override;
 
   // What an all-reduce of `bytes` sends from each of `ranks` ranks.
@@ -72,6 +70,12 @@ class CountingCommunicator final : public ForwardingCommunicator {
   uint64_t sent() const { return sent_; }
 
  private:
+  WorkPtr do_allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr do_broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr do_allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+
   std::atomic<uint64_t> sent_{0};
 };
 
@@ -87,14 +91,14 @@ class CastingCommunicator final : public ForwardingCommunicator {
   CastingCommunicator(Communicator& inner, at::ScalarType wire_dtype)
       : ForwardingCommunicator(inner), wire_dtype_(wire_dtype) {}
 
-  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-
   at::ScalarType wire_dtype() const { return wire_dtype_; }
 
  private:
+  WorkPtr do_allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr do_broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr do_allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+
   bool casts(const at::Tensor& t) const;
   at::Tensor wire_copy(const at::Tensor& t);
 

@@ -36,32 +36,32 @@ WorkPtr DeviceRoutingCommunicator::allreduce_narrowed(const at::Tensor& tensor, 
   return cpu_->narrowed_allreduce()->allreduce_narrowed(tensor, wire, divisor);
 }
 
-WorkPtr DeviceRoutingCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+WorkPtr DeviceRoutingCommunicator::do_allreduce(const at::Tensor& tensor, ReduceOp op) {
   return route(tensor).allreduce(tensor, op);
 }
 
-WorkPtr DeviceRoutingCommunicator::broadcast(const at::Tensor& tensor, int root) {
+WorkPtr DeviceRoutingCommunicator::do_broadcast(const at::Tensor& tensor, int root) {
   return route(tensor).broadcast(tensor, root);
 }
 
-WorkPtr DeviceRoutingCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+WorkPtr DeviceRoutingCommunicator::do_allgather(const at::Tensor& output, const at::Tensor& input) {
   return route(output, input, "allgather").allgather(output, input);
 }
 
-WorkPtr DeviceRoutingCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+WorkPtr DeviceRoutingCommunicator::do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                                   ReduceOp op) {
   return route(output, input, "reduce_scatter").reduce_scatter(output, input, op);
 }
 
-WorkPtr DeviceRoutingCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+WorkPtr DeviceRoutingCommunicator::do_send(const at::Tensor& tensor, int dst, uint32_t tag) {
   return route(tensor).send(tensor, dst, tag);
 }
 
-WorkPtr DeviceRoutingCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
+WorkPtr DeviceRoutingCommunicator::do_recv(const at::Tensor& tensor, int src, uint32_t tag) {
   return route(tensor).recv(tensor, src, tag);
 }
 
-WorkPtr DeviceRoutingCommunicator::send_recv(const std::vector<P2POp>& ops) {
+WorkPtr DeviceRoutingCommunicator::do_send_recv(const std::vector<P2POp>& ops) {
   if (ops.empty()) return cpu_->send_recv(ops);
   for (const P2POp& op : ops) {
     if (op.tensor.is_cuda() != ops.front().tensor.is_cuda()) {
@@ -73,7 +73,7 @@ WorkPtr DeviceRoutingCommunicator::send_recv(const std::vector<P2POp>& ops) {
   return route(ops.front().tensor).send_recv(ops);
 }
 
-std::shared_ptr<Communicator> DeviceRoutingCommunicator::new_group(const std::vector<int>& ranks) {
+std::shared_ptr<Communicator> DeviceRoutingCommunicator::do_new_group(const std::vector<int>& ranks) {
   auto cpu = cpu_->new_group(ranks);
   auto cuda = cuda_->new_group(ranks);
   if (!cpu) return nullptr;  // this rank is not in `ranks`

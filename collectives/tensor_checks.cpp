@@ -36,22 +36,27 @@ std::string dtype_name(at::ScalarType dtype) {
   }
 }
 
-void check_tensor(const at::Tensor& t, const char* op, const char* arg, c10::DeviceType device,
-                  const char* backend) {
+void check_collective_tensor(const at::Tensor& t, const char* op, const char* arg) {
   const std::string where = std::string("tandem: ") + op + ": argument '" + arg + "' ";
   if (!t.defined()) throw CommError(where + "is an undefined tensor; pass an allocated tensor.");
   if (t.layout() != at::kStrided) {
     throw CommError(where + "has a non-strided layout (sparse/mkldnn); convert it with to_dense().");
   }
-  if (t.device().type() != device) {
-    throw CommError(where + "is on " + t.device().str() + " but the " + backend +
-                    " communicator works on " + c10::DeviceTypeName(device) +
-                    " tensors; move the tensor or use the matching backend.");
-  }
   if (!supported_dtype(t.scalar_type())) {
     throw CommError(where + "has dtype " + dtype_name(t.scalar_type()) +
                     ", which collectives do not support; use float32/float64/float16/bfloat16 or "
                     "int8/uint8/int16/int32/int64.");
+  }
+}
+
+void check_tensor(const at::Tensor& t, const char* op, const char* arg, c10::DeviceType device,
+                  const char* backend) {
+  check_collective_tensor(t, op, arg);
+  if (t.device().type() != device) {
+    throw CommError(std::string("tandem: ") + op + ": argument '" + arg + "' is on " +
+                    t.device().str() + " but the " + backend + " communicator works on " +
+                    c10::DeviceTypeName(device) +
+                    " tensors; move the tensor or use the matching backend.");
   }
 }
 

@@ -8,7 +8,10 @@
 
 namespace tandem::detail {
 
-// Defined, dense, on `device` (CPU for gloo, CUDA for nccl) and of a dtype collectives support.
+// Defined, dense and of a dtype collectives support: what Communicator's operations check of every
+// tensor argument before the backend sees it.
+void check_collective_tensor(const at::Tensor& t, const char* op, const char* arg);
+// check_collective_tensor(), and on `device` (CPU for gloo, CUDA for nccl).
 void check_tensor(const at::Tensor& t, const char* op, const char* arg, c10::DeviceType device,
                   const char* backend);
 // kAvg only for floating dtypes.

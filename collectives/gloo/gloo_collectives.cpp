@@ -31,9 +31,8 @@ at::Tensor on_host(const std::shared_ptr<HostStaging>& staging, size_t i, const 
 
 }  // namespace
 
-WorkPtr GlooCommunicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
+WorkPtr GlooCommunicator::do_allreduce(const at::Tensor& tensor, ReduceOp op) {
   check_gloo_tensor(tensor, "allreduce", "tensor");
-  check_reduce_op(tensor, op, "allreduce");
   // Staged before the op is numbered: a staging error leaves this rank in step with its peers.
   auto staging = HostStaging::begin("allreduce", {{tensor, "tensor", Use::kReadWrite}});
   auto d = describe("allreduce", std::string(to_string(op)) + ", " + tensor_summary(tensor) +
@@ -76,9 +75,8 @@ WorkPtr GlooCommunicator::allreduce_narrowed(const at::Tensor& tensor, at::Scala
   });
 }
 
-WorkPtr GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
+WorkPtr GlooCommunicator::do_broadcast(const at::Tensor& tensor, int root) {
   check_gloo_tensor(tensor, "broadcast", "tensor");
-  check_peer(root, size(), "broadcast", "root");
   // The root only reads its tensor; the others only receive into theirs (Gloo writes all of it).
   auto staging = HostStaging::begin(
       "broadcast", {{tensor, "tensor", rank_ == root ? Use::kRead : Use::kWrite}});
@@ -94,10 +92,9 @@ WorkPtr GlooCommunicator::broadcast(const at::Tensor& tensor, int root) {
   });
 }
 
-WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& input) {
+WorkPtr GlooCommunicator::do_allgather(const at::Tensor& output, const at::Tensor& input) {
   check_gloo_tensor(output, "allgather", "output");
   check_gloo_tensor(input, "allgather", "input");
-  check_scaled_numel(output, "output", input, "input", size(), "allgather");
   // Separate host buffers: an input inside the output on the device is no alias on the host.
   auto staging = HostStaging::begin(
       "allgather", {{output, "output", Use::kWrite}, {input, "input", Use::kRead}});
@@ -125,12 +122,10 @@ WorkPtr GlooCommunicator::allgather(const at::Tensor& output, const at::Tensor& 
   });
 }
 
-WorkPtr GlooCommunicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+WorkPtr GlooCommunicator::do_reduce_scatter(const at::Tensor& output, const at::Tensor& input,
                                          ReduceOp op) {
   check_gloo_tensor(output, "reduce_scatter", "output");
   check_gloo_tensor(input, "reduce_scatter", "input");
-  check_scaled_numel(input, "input", output, "output", size(), "reduce_scatter");
-  check_reduce_op(input, op, "reduce_scatter");
   auto staging = HostStaging::begin(
       "reduce_scatter", {{output, "output", Use::kWrite}, {input, "input", Use::kRead}});
   auto d = describe("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(input) +
@@ -191,7 +186,7 @@ void GlooCommunicator::ring_reduce_scatter(at::Tensor& buffer, at::Tensor& out, 
   out.copy_(buffer.narrow(0, rank_ * n, n).view(out.sizes()));
 }
 
-WorkPtr GlooCommunicator::barrier() {
+WorkPtr GlooCommunicator::do_barrier() {
   auto d = describe("barrier", "");
   const uint32_t tag = static_cast<uint32_t>(d.seq);
   return enqueue(std::move(d), [this, tag] {

@@ -263,15 +263,7 @@ std::shared_ptr<GlooCommunicator> GlooCommunicator::make_group(const std::vector
                                                         group_rank, std::move(world), options_));
 }
 
-std::shared_ptr<Communicator> GlooCommunicator::new_group(const std::vector<int>& ranks) {
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    check_peer(ranks[i], size(), "new_group", "rank");
-    if (i > 0 && ranks[i] <= ranks[i - 1]) {
-      throw CommError("tandem: new_group: ranks " + format_ranks(ranks) +
-                      " must be sorted and unique.");
-    }
-  }
-  if (ranks.empty()) throw CommError("tandem: new_group: the rank list is empty.");
+std::shared_ptr<Communicator> GlooCommunicator::do_new_group(const std::vector<int>& ranks) {
   uint64_t id;
   {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -64,14 +64,6 @@ class GlooCommunicator final : public Communicator,
   int world_rank(int group_rank) const override { return world_ranks_.at(group_rank); }
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
 
-  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
-  WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag) override;
-  WorkPtr barrier() override;
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override;
 
@@ -87,6 +79,15 @@ class GlooCommunicator final : public Communicator,
   void mark_broken(const std::string& reason, bool peer_lost = false);
 
  private:
+  WorkPtr do_allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr do_broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr do_allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+  WorkPtr do_recv(const at::Tensor& tensor, int src, uint32_t tag) override;
+  WorkPtr do_barrier() override;
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override;
+
   // abort() without the sub-groups (the destructor: they may outlive this one).
   void abort_self(const std::string& reason);
   OpDescription describe(const char* name, std::string detail, bool p2p = false);

@@ -100,11 +100,11 @@ class GlooP2PWork : public Work {
 
 }  // namespace
 
-WorkPtr GlooCommunicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
+WorkPtr GlooCommunicator::do_send(const at::Tensor& tensor, int dst, uint32_t tag) {
   return post_p2p(tensor, dst, tag, /*is_send=*/true);
 }
 
-WorkPtr GlooCommunicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
+WorkPtr GlooCommunicator::do_recv(const at::Tensor& tensor, int src, uint32_t tag) {
   return post_p2p(tensor, src, tag, /*is_send=*/false);
 }
 
@@ -112,7 +112,6 @@ WorkPtr GlooCommunicator::post_p2p(const at::Tensor& tensor, int peer, uint32_t 
                                    bool is_send) {
   const char* op = is_send ? "send" : "recv";
   check_gloo_tensor(tensor, op, "tensor");
-  check_peer(peer, size(), op, is_send ? "dst" : "src");
   if (peer == rank_) {
     throw CommError(std::string("tandem: ") + op + " to/from this rank (" +
                     std::to_string(rank_) + ") is not supported; copy the tensor locally.");

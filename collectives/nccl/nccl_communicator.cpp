@@ -33,9 +33,6 @@ namespace tandem {
 
 using detail::check_cuda;
 using detail::check_nccl;
-using detail::check_peer;
-using detail::check_reduce_op;
-using detail::check_scaled_numel;
 using detail::check_tensor;
 using detail::dump_flight_recorder;
 using detail::format_elapsed;
@@ -95,9 +92,8 @@ class NcclCommunicator : public Communicator,
   int world_rank(int r) const override { return world_ranks_.at(r); }
   std::chrono::milliseconds timeout() const override { return options_.timeout; }
 
-  WorkPtr allreduce(const at::Tensor& t, ReduceOp op) override {
+  WorkPtr do_allreduce(const at::Tensor& t, ReduceOp op) override {
     check(t, "allreduce", "tensor");
-    check_reduce_op(t, op, "allreduce");
     at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
     return launch("allreduce", std::string(to_string(op)) + ", " + tensor_summary(t), {t, buf},
                   [&] {
@@ -108,9 +104,8 @@ class NcclCommunicator : public Communicator,
                   copy_back_fn(t, buf));
   }
 
-  WorkPtr broadcast(const at::Tensor& t, int root) override {
+  WorkPtr do_broadcast(const at::Tensor& t, int root) override {
     check(t, "broadcast", "tensor");
-    check_peer(root, size(), "broadcast", "root");
     at::Tensor buf = t.is_contiguous() ? t : t.contiguous();
     return launch("broadcast", "root " + std::to_string(root) + ", " + tensor_summary(t), {t, buf},
                   [&] {
@@ -121,10 +116,9 @@ class NcclCommunicator : public Communicator,
                   copy_back_fn(t, buf));
   }
 
-  WorkPtr allgather(const at::Tensor& out, const at::Tensor& in) override {
+  WorkPtr do_allgather(const at::Tensor& out, const at::Tensor& in) override {
     check(out, "allgather", "output");
     check(in, "allgather", "input");
-    check_scaled_numel(out, "output", in, "input", size(), "allgather");
     at::Tensor i = in.contiguous();
     at::Tensor o = contiguous_output(out);
     return launch("allgather", tensor_summary(in) + " per rank", {out, o, in, i},
@@ -135,11 +129,9 @@ class NcclCommunicator : public Communicator,
                   copy_back_fn(out, o));
   }
 
-  WorkPtr reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+  WorkPtr do_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
     check(out, "reduce_scatter", "output");
     check(in, "reduce_scatter", "input");
-    check_scaled_numel(in, "input", out, "output", size(), "reduce_scatter");
-    check_reduce_op(in, op, "reduce_scatter");
     at::Tensor i = in.contiguous();
     at::Tensor o = contiguous_output(out);
     return launch("reduce_scatter", std::string(to_string(op)) + ", " + tensor_summary(in),
@@ -152,8 +144,8 @@ class NcclCommunicator : public Communicator,
                   copy_back_fn(out, o));
   }
 
-  WorkPtr send(const at::Tensor& t, int dst, uint32_t tag) override {
-    check_p2p(t, dst, tag, "send");
+  WorkPtr do_send(const at::Tensor& t, int dst, uint32_t tag) override {
+    check_p2p(t, tag, "send");
     at::Tensor buf = t.contiguous();
     return launch("send", tensor_summary(t) + ", to " + std::to_string(dst), {t, buf}, [&] {
       return ncclSend(buf.data_ptr(), buf.numel(), nccl_type(buf, "send"), dst, comm_,
@@ -161,8 +153,8 @@ class NcclCommunicator : public Communicator,
     });
   }
 
-  WorkPtr recv(const at::Tensor& t, int src, uint32_t tag) override {
-    check_p2p(t, src, tag, "recv");
+  WorkPtr do_recv(const at::Tensor& t, int src, uint32_t tag) override {
+    check_p2p(t, tag, "recv");
     at::Tensor buf = contiguous_output(t);
     return launch("recv", tensor_summary(t) + ", from " + std::to_string(src), {t, buf},
                   [&] {
@@ -176,14 +168,14 @@ class NcclCommunicator : public Communicator,
 
   // One NCCL group: its sends and receives progress together, so two peers that each post their
   // send first do not wait on each other.
-  WorkPtr send_recv(const std::vector<P2POp>& ops) override {
-    if (ops.empty()) return Communicator::send_recv(ops);
+  WorkPtr do_send_recv(const std::vector<P2POp>& ops) override {
+    if (ops.empty()) return Communicator::do_send_recv(ops);
     std::vector<at::Tensor> kept, bufs;
     std::vector<std::function<void()>> copies;  // into non-contiguous receives, after the group
     std::string detail;
     for (const P2POp& op : ops) {
       const bool send = op.kind == P2POp::Kind::kSend;
-      check_p2p(op.tensor, op.peer, op.tag, send ? "send" : "recv");
+      check_p2p(op.tensor, op.tag, send ? "send" : "recv");
       bufs.push_back(send ? op.tensor.contiguous() : contiguous_output(op.tensor));
       if (auto copy = send ? nullptr : copy_back_fn(op.tensor, bufs.back())) copies.push_back(copy);
       kept.insert(kept.end(), {op.tensor, bufs.back()});
@@ -208,7 +200,7 @@ class NcclCommunicator : public Communicator,
     }, std::move(copy_back));
   }
 
-  WorkPtr barrier() override {
+  WorkPtr do_barrier() override {
     {
       c10::cuda::CUDAGuard guard(device_);
       std::lock_guard<std::mutex> lock(mutex_);
@@ -223,16 +215,9 @@ class NcclCommunicator : public Communicator,
   }
 
   // wait() only orders a stream here: a barrier behind every op is what completes after them.
-  WorkPtr fence() override { return barrier(); }
+  WorkPtr do_fence() override { return barrier(); }
 
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      check_peer(ranks[i], size(), "new_group", "rank");
-      if (i > 0 && ranks[i] <= ranks[i - 1]) {
-        throw CommError("tandem: new_group: ranks " + format_ranks(ranks) +
-                        " must be sorted and unique.");
-      }
-    }
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override {
     int position = -1;
     for (size_t i = 0; i < ranks.size(); ++i) {
       if (ranks[i] == rank_) position = static_cast<int>(i);
@@ -309,13 +294,13 @@ class NcclCommunicator : public Communicator,
     }
   }
 
-  void check_p2p(const at::Tensor& t, int peer, uint32_t tag, const char* op) {
+  // The peer is in range already (Communicator::send/recv).
+  void check_p2p(const at::Tensor& t, uint32_t tag, const char* op) {
     check(t, op, "tensor");
     if (tag != 0) {
       throw CommError(std::string("tandem: ") + op + ": tag " + std::to_string(tag) +
                       ", but NCCL has no message tags; pass tag 0 and post ops in matching order.");
     }
-    check_peer(peer, size(), op, "peer");
   }
 
   // The caller's tensor when it is contiguous, else a buffer the op writes and copies back.

@@ -74,25 +74,25 @@ class StreamCommunicator final : public Communicator {
   std::chrono::milliseconds timeout() const override { return inner_->timeout(); }
   bool p2p_tags(c10::Device) const override { return options_.tags; }
 
-  WorkPtr allreduce(const at::Tensor& t, ReduceOp op) override {
+  WorkPtr do_allreduce(const at::Tensor& t, ReduceOp op) override {
     return run("allreduce", t.nbytes(), [=] { inner_->allreduce(t, op)->wait(); });
   }
-  WorkPtr broadcast(const at::Tensor& t, int root) override {
+  WorkPtr do_broadcast(const at::Tensor& t, int root) override {
     return run("broadcast", t.nbytes(), [=] { inner_->broadcast(t, root)->wait(); });
   }
-  WorkPtr allgather(const at::Tensor& out, const at::Tensor& in) override {
+  WorkPtr do_allgather(const at::Tensor& out, const at::Tensor& in) override {
     return run("allgather", out.nbytes(), [=] { inner_->allgather(out, in)->wait(); });
   }
-  WorkPtr reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
+  WorkPtr do_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override {
     return run("reduce_scatter", in.nbytes(), [=] { inner_->reduce_scatter(out, in, op)->wait(); });
   }
-  WorkPtr send(const at::Tensor& t, int dst, uint32_t tag) override {
+  WorkPtr do_send(const at::Tensor& t, int dst, uint32_t tag) override {
     return send_recv({{P2POp::Kind::kSend, t, dst, tag}});
   }
-  WorkPtr recv(const at::Tensor& t, int src, uint32_t tag) override {
+  WorkPtr do_recv(const at::Tensor& t, int src, uint32_t tag) override {
     return send_recv({{P2POp::Kind::kRecv, t, src, tag}});
   }
-  WorkPtr send_recv(const std::vector<P2POp>& ops) override {
+  WorkPtr do_send_recv(const std::vector<P2POp>& ops) override {
     for (const P2POp& op : ops) {
       if (!options_.tags && op.tag != 0) {
         throw CommError("tandem: " + std::string(op.kind == P2POp::Kind::kSend ? "send" : "recv") +
@@ -120,12 +120,12 @@ class StreamCommunicator final : public Communicator {
       for (auto& a : answers) a->wait();
     });
   }
-  WorkPtr barrier() override {
+  WorkPtr do_barrier() override {
     return run("barrier", 0, [this] { inner_->barrier()->wait(); });
   }
   // As NCCL's: a barrier behind the queued ops, unless waits block until an op ran.
-  WorkPtr fence() override { return options_.host_waits ? Communicator::fence() : barrier(); }
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override {
+  WorkPtr do_fence() override { return options_.host_waits ? Communicator::do_fence() : barrier(); }
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override {
     auto g = inner_->new_group(ranks);
     return g ? std::make_shared<StreamCommunicator>(g, options_) : nullptr;
   }

@@ -113,25 +113,30 @@ class Communicator {
   // Timeout applied to every op and to waits without an explicit timeout.
   virtual std::chrono::milliseconds timeout() const = 0;
 
+  // The operations are non-virtual: each checks what every backend requires of its arguments
+  // (an allocated dense tensor of a supported dtype, a reduce op its dtype allows, sizes that fit
+  // the world, peers in range: CommError naming the op and the argument) and then hands the op
+  // to the backend's do_* hook below, which checks what only it knows (the device).
+
   // In place: every rank's `tensor` becomes the reduction over all ranks. kAvg is defined for
   // floating types only (integer averages would silently truncate).
-  virtual WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum) = 0;
+  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
 
   // In place: every rank's `tensor` becomes root's.
-  virtual WorkPtr broadcast(const at::Tensor& tensor, int root) = 0;
+  WorkPtr broadcast(const at::Tensor& tensor, int root);
 
   // `output` (numel == size() * input.numel(), same dtype) receives every rank's `input`,
   // rank r's at elements [r * input.numel(), (r + 1) * input.numel()).
-  virtual WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) = 0;
+  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input);
 
   // `input` (numel == size() * output.numel()) is reduced over ranks; rank r's `output` receives
   // elements [r * output.numel(), (r + 1) * output.numel()) of the reduction.
-  virtual WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input,
-                                 ReduceOp op = ReduceOp::kSum) = 0;
+  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input,
+                         ReduceOp op = ReduceOp::kSum);
 
   // Point to point, matched by (peer, tag) in posting order. Sizes and dtypes must agree.
-  virtual WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag = 0) = 0;
-  virtual WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag = 0) = 0;
+  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag = 0);
+  WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag = 0);
 
   // Whether send/recv of tensors on `device` match by tag (Gloo, shared memory: true) or only in
   // posting order per peer, refusing any tag but 0 (NCCL: false). A caller that posts one pair's
@@ -144,9 +149,9 @@ class Communicator {
   // Posts `ops` (each as send() or recv() would, same checks) as one batch that progresses
   // together: one NCCL group; elsewhere one by one, in order. The Work completes when every op
   // did; its wait() rethrows the first op's error.
-  virtual WorkPtr send_recv(const std::vector<P2POp>& ops);
+  WorkPtr send_recv(const std::vector<P2POp>& ops);
 
-  virtual WorkPtr barrier() = 0;
+  WorkPtr barrier();
 
   // A Work that completes once every op issued so far on this communicator, and every op the
   // caller's current stream was made to wait for, has completed where it runs. Where wait()
@@ -154,12 +159,12 @@ class Communicator {
   // nothing sent. Where it only orders a stream (NCCL), a barrier behind them. For a decision
   // taken on the host that must know the ops happened (a commit vote): poll is_completed(), or
   // wait with a timeout. Collective where it is a barrier: every rank calls it.
-  virtual WorkPtr fence();
+  WorkPtr fence();
 
   // Collective over all ranks of this communicator (every rank must call it, with the same
   // `ranks`): returns a communicator over `ranks` (sorted, unique, in range; group rank = position
   // in `ranks`) on members and nullptr on the others.
-  virtual std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) = 0;
+  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks);
 
   // Collective: ranks with equal `color` form one communicator, ordered by (key, rank). A
   // negative color opts out (returns nullptr).
@@ -177,6 +182,25 @@ class Communicator {
   // A wrapper's communicator underneath (a probe that must not count as the wrapper's traffic
   // runs there); null for a backend.
   virtual Communicator* underlying() { return nullptr; }
+
+ private:
+  // The backend's part of each operation above, called with arguments already checked. A wrapper
+  // forwards to the public operation of what it wraps.
+  virtual WorkPtr do_allreduce(const at::Tensor& tensor, ReduceOp op) = 0;
+  virtual WorkPtr do_broadcast(const at::Tensor& tensor, int root) = 0;
+  virtual WorkPtr do_allgather(const at::Tensor& output, const at::Tensor& input) = 0;
+  virtual WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) = 0;
+  virtual WorkPtr do_send(const at::Tensor& tensor, int dst, uint32_t tag) = 0;
+  virtual WorkPtr do_recv(const at::Tensor& tensor, int src, uint32_t tag) = 0;
+  virtual WorkPtr do_barrier() = 0;
+  // `ranks`: sorted, unique, in range, not empty.
+  virtual std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) = 0;
+
+ protected:
+  // Defaults a backend may keep or call. send_recv: each op posted by send()/recv(), in order.
+  virtual WorkPtr do_send_recv(const std::vector<P2POp>& ops);
+  // fence: a completed Work (every op completes at its wait).
+  virtual WorkPtr do_fence();
 };
 
 }  // namespace tandem

@@ -29,20 +29,9 @@ class DeviceRoutingCommunicator final : public Communicator, private NarrowedAll
   std::string backend() const override { return cpu_->backend() + "+" + cuda_->backend(); }
   int world_rank(int group_rank) const override { return cpu_->world_rank(group_rank); }
   std::chrono::milliseconds timeout() const override { return cpu_->timeout(); }
-  WorkPtr allreduce(const at::Tensor& tensor, ReduceOp op) override;
-  WorkPtr broadcast(const at::Tensor& tensor, int root) override;
-  WorkPtr allgather(const at::Tensor& output, const at::Tensor& input) override;
-  WorkPtr reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
-  WorkPtr send(const at::Tensor& tensor, int dst, uint32_t tag) override;
-  WorkPtr recv(const at::Tensor& tensor, int src, uint32_t tag) override;
   bool p2p_tags(c10::Device device) const override {
     return (device.is_cuda() ? cuda_ : cpu_)->p2p_tags(device);
   }
-  // Every op of the batch on one kind of device (CommError otherwise).
-  WorkPtr send_recv(const std::vector<P2POp>& ops) override;
-  WorkPtr barrier() override { return cpu_->barrier(); }
-  WorkPtr fence() override { return cuda_->fence(); }
-  std::shared_ptr<Communicator> new_group(const std::vector<int>& ranks) override;
   std::shared_ptr<Communicator> split(int color, int key) override;
   void abort(const std::string& reason) override;
   NarrowedAllreduce* narrowed_allreduce() override {
@@ -53,6 +42,17 @@ class DeviceRoutingCommunicator final : public Communicator, private NarrowedAll
   const std::shared_ptr<Communicator>& cuda() const { return cuda_; }
 
  private:
+  WorkPtr do_allreduce(const at::Tensor& tensor, ReduceOp op) override;
+  WorkPtr do_broadcast(const at::Tensor& tensor, int root) override;
+  WorkPtr do_allgather(const at::Tensor& output, const at::Tensor& input) override;
+  WorkPtr do_reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) override;
+  WorkPtr do_send(const at::Tensor& tensor, int dst, uint32_t tag) override;
+  WorkPtr do_recv(const at::Tensor& tensor, int src, uint32_t tag) override;
+  // Every op of the batch on one kind of device (CommError otherwise).
+  WorkPtr do_send_recv(const std::vector<P2POp>& ops) override;
+  WorkPtr do_barrier() override { return cpu_->barrier(); }
+  WorkPtr do_fence() override { return cuda_->fence(); }
+  std::shared_ptr<Communicator> do_new_group(const std::vector<int>& ranks) override;
   Communicator& route(const at::Tensor& t) const { return t.is_cuda() ? *cuda_ : *cpu_; }
   Communicator& route(const at::Tensor& out, const at::Tensor& in, const char* op) const;
   WorkPtr allreduce_narrowed(const at::Tensor& tensor, at::ScalarType wire, int divisor) override;
