@@ -43,48 +43,43 @@ class DoneWork final : public Work {
   std::string describe() const override { return "fence (every op completed at its wait)"; }
 };
 
-// What every backend requires of a tensor argument; the device is the backend's to check.
-void check_argument(const at::Tensor& t, const char* op, const char* arg) {
-  detail::check_collective_tensor(t, op, arg);
-}
-
 }  // namespace
 
 WorkPtr Communicator::allreduce(const at::Tensor& tensor, ReduceOp op) {
-  check_argument(tensor, "allreduce", "tensor");
+  detail::check_collective_tensor(tensor, "allreduce", "tensor");
   detail::check_reduce_op(tensor, op, "allreduce");
   return do_allreduce(tensor, op);
 }
 
 WorkPtr Communicator::broadcast(const at::Tensor& tensor, int root) {
-  check_argument(tensor, "broadcast", "tensor");
+  detail::check_collective_tensor(tensor, "broadcast", "tensor");
   detail::check_peer(root, size(), "broadcast", "root");
   return do_broadcast(tensor, root);
 }
 
 WorkPtr Communicator::allgather(const at::Tensor& output, const at::Tensor& input) {
-  check_argument(output, "allgather", "output");
-  check_argument(input, "allgather", "input");
+  detail::check_collective_tensor(output, "allgather", "output");
+  detail::check_collective_tensor(input, "allgather", "input");
   detail::check_scaled_numel(output, "output", input, "input", size(), "allgather");
   return do_allgather(output, input);
 }
 
 WorkPtr Communicator::reduce_scatter(const at::Tensor& output, const at::Tensor& input, ReduceOp op) {
-  check_argument(output, "reduce_scatter", "output");
-  check_argument(input, "reduce_scatter", "input");
+  detail::check_collective_tensor(output, "reduce_scatter", "output");
+  detail::check_collective_tensor(input, "reduce_scatter", "input");
   detail::check_scaled_numel(input, "input", output, "output", size(), "reduce_scatter");
   detail::check_reduce_op(input, op, "reduce_scatter");
   return do_reduce_scatter(output, input, op);
 }
 
 WorkPtr Communicator::send(const at::Tensor& tensor, int dst, uint32_t tag) {
-  check_argument(tensor, "send", "tensor");
+  detail::check_collective_tensor(tensor, "send", "tensor");
   detail::check_peer(dst, size(), "send", "dst");
   return do_send(tensor, dst, tag);
 }
 
 WorkPtr Communicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
-  check_argument(tensor, "recv", "tensor");
+  detail::check_collective_tensor(tensor, "recv", "tensor");
   detail::check_peer(src, size(), "recv", "src");
   return do_recv(tensor, src, tag);
 }
@@ -92,7 +87,7 @@ WorkPtr Communicator::recv(const at::Tensor& tensor, int src, uint32_t tag) {
 WorkPtr Communicator::send_recv(const std::vector<P2POp>& ops) {
   for (const P2POp& op : ops) {
     const bool is_send = op.kind == P2POp::Kind::kSend;
-    check_argument(op.tensor, is_send ? "send" : "recv", "tensor");
+    detail::check_collective_tensor(op.tensor, is_send ? "send" : "recv", "tensor");
     detail::check_peer(op.peer, size(), is_send ? "send" : "recv", is_send ? "dst" : "src");
   }
   return do_send_recv(ops);
