@@ -52,8 +52,7 @@ TEST(MeshDims, SizesThatDoNotDivideNameTheKeyToSet) {
 TEST(MeshDims, ThePipelineAndShardedDataParallelShareTheMeshsGroups) {
   testing::run_ranks(4, [](Communicator& world) {
     const Config config = with({"parallel.pp=2", "sharding.stage=3"});
-    auto mesh = std::make_shared<DeviceMesh>(
-        std::shared_ptr<Communicator>(&world, [](Communicator*) {}), mesh_dims(config, 4));
+    auto mesh = std::make_shared<DeviceMesh>(testing::borrow(world), mesh_dims(config, 4));
     PipelineGroups groups = make_pipeline_groups(*mesh);
     ASSERT_NE(groups.data, nullptr);
     EXPECT_EQ(groups.pipeline->size(), 2);

@@ -169,11 +169,15 @@ class CheckLayers(unittest.TestCase):
                             'static auto f() { return tandem::launch::env("TANDEM_X"); }',
                             "launch::env() of a string: name the variable")
 
-    def test_getenv_in_dist_env_and_in_a_test_passes(self):
-        for rel in ("runtime/dist_env.cpp", "tests/unit/backend_test.cpp"):
-            code, out = run_check(self.planted(
-                rel, 'static const char* f() { return std::getenv("RANK"); }'))
+    def assert_passes(self, rels, line):
+        """Planting `line` in each of `rels` leaves the check passing."""
+        for rel in rels:
+            code, out = run_check(self.planted(rel, line))
             self.assertEqual(code, 0, rel + "\n" + out)
+
+    def test_getenv_in_dist_env_and_in_a_test_passes(self):
+        self.assert_passes(("runtime/dist_env.cpp", "tests/unit/backend_test.cpp"),
+                           'static const char* f() { return std::getenv("RANK"); }')
 
     def test_a_process_group_outside_collectives_fails(self):
         for rel in ("checkpoint/checkpoint_manager.cpp", "runtime/ft/fault_tolerant_world.cpp",
@@ -185,10 +189,8 @@ class CheckLayers(unittest.TestCase):
                             "new_group() makes a process group outside collectives/")
 
     def test_a_process_group_in_device_mesh_and_in_a_test_passes(self):
-        for rel in ("collectives/device_mesh.cpp", "tests/unit/backend_test.cpp"):
-            code, out = run_check(self.planted(
-                rel, "static auto f(tandem::Communicator& c) { return c.split(0, 0); }"))
-            self.assertEqual(code, 0, rel + "\n" + out)
+        self.assert_passes(("collectives/device_mesh.cpp", "tests/unit/backend_test.cpp"),
+                           "static auto f(tandem::Communicator& c) { return c.split(0, 0); }")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
 #include <c10/util/intrusive_ptr.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,11 @@ void run_threads(int world,
 // shared HashStore. Joins all threads, then rethrows the first exception any rank threw.
 void run_ranks(int world, const std::function<void(Communicator&)>& body,
                GlooOptions options = {});
+
+// A shared_ptr to `comm` that does not own it (for APIs that share their communicator).
+inline std::shared_ptr<Communicator> borrow(Communicator& comm) {
+  return std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
+}
 
 // The message of the E that `f` throws, or "(no error)" when it throws none (another exception
 // passes through).

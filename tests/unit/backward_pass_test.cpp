@@ -51,7 +51,7 @@ void expect_second_backward_refused(const std::string& wrapper, const Wrap& wrap
   testing::run_ranks(2, [&](Communicator& world) {
     torch::manual_seed(0);
     auto model = torch::nn::Linear(4, 2);
-    auto comm = std::shared_ptr<Communicator>(&world, [](Communicator*) {});
+    auto comm = testing::borrow(world);
     auto wrapped = wrap(model, comm);
     auto loss = (*wrapped)(torch::ones({3, 4})).sum();
     loss.backward({}, /*retain_graph=*/true);

@@ -14,9 +14,7 @@
 namespace tandem {
 namespace {
 
-std::shared_ptr<Communicator> borrow(Communicator& comm) {
-  return std::shared_ptr<Communicator>(&comm, [](Communicator*) {});
-}
+using testing::borrow;
 
 // The sum over a group of each member's world rank: says which ranks it holds.
 double sum_of_world_ranks(Communicator& group, int world_rank) {

@@ -354,27 +354,20 @@ class ShardedDataParallelCore : public detail::Joinable {
 template <class Module>
 class ShardedDataParallel {
  public:
-  ShardedDataParallel(std::shared_ptr<Module> module, std::shared_ptr<Communicator> comm,
-                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
+  // `ranks`: a std::shared_ptr to a Communicator (laid out by sharding_mesh_dims()) or to a
+  // DeviceMesh with dimensions dp_replicate and dp_shard (ShardedDataParallelCore's two forms).
+  template <class Ranks>
+  ShardedDataParallel(std::shared_ptr<Module> module, Ranks ranks, ShardingOptions sharding,
+                      DistributedDataParallelOptions ddp = {},
                       ShardedStart start = ShardedStart::kBroadcast)
       : module_(std::move(module)),
-        core_(std::make_unique<ShardedDataParallelCore>(module_, std::move(comm),
+        core_(std::make_unique<ShardedDataParallelCore>(module_, std::move(ranks),
                                                         std::move(sharding), std::move(ddp), start)) {}
-  ShardedDataParallel(torch::nn::ModuleHolder<Module> holder, std::shared_ptr<Communicator> comm,
-                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
+  template <class Ranks>
+  ShardedDataParallel(torch::nn::ModuleHolder<Module> holder, Ranks ranks, ShardingOptions sharding,
+                      DistributedDataParallelOptions ddp = {},
                       ShardedStart start = ShardedStart::kBroadcast)
-      : ShardedDataParallel(holder.ptr(), std::move(comm), std::move(sharding), std::move(ddp),
-                            start) {}
-  ShardedDataParallel(std::shared_ptr<Module> module, std::shared_ptr<DeviceMesh> mesh,
-                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
-                      ShardedStart start = ShardedStart::kBroadcast)
-      : module_(std::move(module)),
-        core_(std::make_unique<ShardedDataParallelCore>(module_, std::move(mesh),
-                                                        std::move(sharding), std::move(ddp), start)) {}
-  ShardedDataParallel(torch::nn::ModuleHolder<Module> holder, std::shared_ptr<DeviceMesh> mesh,
-                      ShardingOptions sharding, DistributedDataParallelOptions ddp = {},
-                      ShardedStart start = ShardedStart::kBroadcast)
-      : ShardedDataParallel(holder.ptr(), std::move(mesh), std::move(sharding), std::move(ddp),
+      : ShardedDataParallel(holder.ptr(), std::move(ranks), std::move(sharding), std::move(ddp),
                             start) {}
 
   template <class... Args>
@@ -411,20 +404,12 @@ class ShardedDataParallel {
   std::unique_ptr<ShardedDataParallelCore> core_;
 };
 
-template <class Module>
-ShardedDataParallel(std::shared_ptr<Module>, std::shared_ptr<Communicator>, ShardingOptions,
+template <class Module, class Ranks>
+ShardedDataParallel(std::shared_ptr<Module>, Ranks, ShardingOptions,
                     DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
     -> ShardedDataParallel<Module>;
-template <class Module>
-ShardedDataParallel(torch::nn::ModuleHolder<Module>, std::shared_ptr<Communicator>, ShardingOptions,
-                    DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
-    -> ShardedDataParallel<Module>;
-template <class Module>
-ShardedDataParallel(std::shared_ptr<Module>, std::shared_ptr<DeviceMesh>, ShardingOptions,
-                    DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
-    -> ShardedDataParallel<Module>;
-template <class Module>
-ShardedDataParallel(torch::nn::ModuleHolder<Module>, std::shared_ptr<DeviceMesh>, ShardingOptions,
+template <class Module, class Ranks>
+ShardedDataParallel(torch::nn::ModuleHolder<Module>, Ranks, ShardingOptions,
                     DistributedDataParallelOptions = {}, ShardedStart = ShardedStart::kBroadcast)
     -> ShardedDataParallel<Module>;
 
