@@ -19,10 +19,9 @@ namespace {
 
 // File errors in base's own words: the operation, the path and the OS error, nothing about what
 // the file is for (a checkpoint, a timeline, an error file): the caller knows that and says it.
-// The type stays CheckpointError, which file_system.h promises (checkpoint/ catches it).
 // `restartable` false: trying again cannot help (see os_error).
 [[noreturn]] void fail(const std::string& message, bool restartable = true) {
-  throw CheckpointError(message, restartable);
+  throw FileError(message, restartable);
 }
 
 [[noreturn]] void os_error(const std::string& op, const std::string& path, int err) {
@@ -241,7 +240,7 @@ void FileSystem::write_file_atomically(const std::string& path, std::string_view
   } catch (...) {
     try {
       if (exists(tmp)) remove_file(tmp);
-    } catch (const CheckpointError&) {  // the first error is the one to report
+    } catch (const FileError&) {  // the first error is the one to report
     }
     throw;
   }

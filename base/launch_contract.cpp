@@ -17,7 +17,8 @@ namespace {
 
 constexpr ErrorKind kKinds[] = {ErrorKind::kException, ErrorKind::kError,      ErrorKind::kConfig,
                                 ErrorKind::kComm,      ErrorKind::kTimeout,    ErrorKind::kPeerLost,
-                                ErrorKind::kCheckpoint, ErrorKind::kOutOfMemory, ErrorKind::kSignal};
+                                ErrorKind::kCheckpoint, ErrorKind::kFile,       ErrorKind::kOutOfMemory,
+                                ErrorKind::kSignal};
 
 // Unix seconds from a string ("1700000000", as torch writes it) or a number; 0 otherwise.
 long long to_seconds(const JsonValue* v) {
@@ -49,6 +50,7 @@ const char* kind_name(ErrorKind kind) {
     case ErrorKind::kTimeout: return "timeout";
     case ErrorKind::kPeerLost: return "peer_lost";
     case ErrorKind::kCheckpoint: return "checkpoint";
+    case ErrorKind::kFile: return "file";
     case ErrorKind::kOutOfMemory: return "out_of_memory";
     case ErrorKind::kSignal: return "signal";
   }

@@ -72,11 +72,12 @@ enum class ErrorKind {
   kTimeout,      // tandem::TimeoutError
   kPeerLost,     // tandem::PeerLostError
   kCheckpoint,   // tandem::CheckpointError
+  kFile,         // tandem::FileError that is not a CheckpointError
   kOutOfMemory,  // tandem::OutOfMemoryError
   kSignal,       // a fatal signal (SIGSEGV, SIGABRT, ...)
 };
 
-// "exception", "error", "config", "comm", "timeout", "peer_lost", "checkpoint",
+// "exception", "error", "config", "comm", "timeout", "peer_lost", "checkpoint", "file",
 // "out_of_memory", "signal": the JSON spelling (a static string; async-signal-safe).
 const char* kind_name(ErrorKind kind);
 

@@ -3,6 +3,7 @@
 // see include/tandem/checkpoint/checkpoint_manager.h).
 #include <tandem/checkpoint/checkpoint_manager.h>
 
+#include "checkpoint/checkpoint_file_system.h"
 #include "checkpoint/checkpoint_manager_impl.h"
 #include "checkpoint/training_state.h"
 
@@ -59,7 +60,7 @@ CheckpointManager::CheckpointManager(CheckpointManagerOptions options) : impl_(s
                           ") and every_n_steps (" + std::to_string(d.opts.every_n_steps) +
                           ") must be >= 0.");
   }
-  d.fs = d.opts.file_system ? d.opts.file_system : posix_file_system();
+  d.fs = detail::checkpoint_file_system(d.opts.file_system);
   if (d.opts.communicator && d.opts.communicator->size() > 1) {
     // A lane of its own over every rank: the writer thread's ops never interleave with the
     // training's, nor with another manager's.

@@ -1,6 +1,8 @@
 #include <tandem/checkpoint/checkpoint_manager.h>
 #include <tandem/checkpoint/safetensors.h>
 
+#include "checkpoint/checkpoint_file_system.h"
+
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <ATen/ops/empty.h>
@@ -23,7 +25,7 @@ uint64_t tensor_hash(const at::Tensor& t) { return xxh3_64(t.data_ptr(), t.nbyte
 SafetensorsWriter::SafetensorsWriter(std::shared_ptr<FileSystem> fs, std::string path,
                                      std::vector<TensorRecord> records,
                                      std::map<std::string, CheckpointValue> values)
-    : fs_(fs ? std::move(fs) : posix_file_system()), path_(std::move(path)), records_(std::move(records)) {
+    : fs_(detail::checkpoint_file_system(std::move(fs))), path_(std::move(path)), records_(std::move(records)) {
   // A writer SIGKILLed mid-export left its temporary file: the next export clears it.
   fs_->remove_abandoned_temporaries(path_);
   tmp_ = FileSystem::temporary_path(path_);
@@ -78,7 +80,7 @@ void SafetensorsWriter::commit() {
 
 std::vector<std::pair<std::string, at::Tensor>> read_safetensors(const std::string& path,
                                                                  std::shared_ptr<FileSystem> fs) {
-  if (!fs) fs = posix_file_system();
+  fs = detail::checkpoint_file_system(std::move(fs));
   auto f = fs->open_readable(path);
   unsigned char prefix[8];
   if (f->size() < 8) fail(path, "shorter than a header (" + std::to_string(f->size()) + " bytes)");

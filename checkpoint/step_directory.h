@@ -12,7 +12,9 @@
 //
 // Readers (verify_shard) check everything against the manifest: file present, size, header
 // identical to the manifest's records, every tensor's XXH3 and the file's XXH3; the first mismatch
-// throws CheckpointError naming the file and the reason.
+// throws CheckpointError naming the file and the reason. The file system's own failures pass as
+// it throws them (FileError); CheckpointManager hands it a checkpoint_file_system() view, which
+// makes them CheckpointErrors too.
 //
 // Thread-safety: free functions over a FileSystem; concurrent calls for distinct ranks are fine.
 #pragma once

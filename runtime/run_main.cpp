@@ -191,6 +191,7 @@ launch::ErrorReport error_report(const std::exception& e, const std::string& not
   else if (dynamic_cast<const PeerLostError*>(&e)) r.kind = ErrorKind::kPeerLost;
   else if (dynamic_cast<const CommError*>(&e)) r.kind = ErrorKind::kComm;
   else if (dynamic_cast<const CheckpointError*>(&e)) r.kind = ErrorKind::kCheckpoint;
+  else if (dynamic_cast<const FileError*>(&e)) r.kind = ErrorKind::kFile;
   else if (dynamic_cast<const OutOfMemoryError*>(&e)) r.kind = ErrorKind::kOutOfMemory;
   else r.kind = ErrorKind::kError;
   return r;

@@ -68,14 +68,14 @@ TEST(AtomicFileWrite, AFailedWriteLeavesTheOldFileAndNamesThePath) {
   try {
     fs->write_file_atomically(blocked, "new");
     FAIL() << "writing over a non-empty directory succeeded";
-  } catch (const CheckpointError& e) {
+  } catch (const FileError& e) {
     EXPECT_NE(std::string(e.what()).find(blocked), std::string::npos) << e.what();
   }
   EXPECT_EQ(fs->read_file(path), "old");
   auto names = fs->list_dir(dir);
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, (std::vector<std::string>{"blocked", "out.json"}));
-  EXPECT_THROW(fs->write_file_atomically("/proc/self/no/such/dir/x", "y"), CheckpointError);
+  EXPECT_THROW(fs->write_file_atomically("/proc/self/no/such/dir/x", "y"), FileError);
   fs->remove_all(dir);
 }
 

@@ -152,7 +152,9 @@ TEST(FileSystemErrors, NameTheOperationAndThePathNotACheckpoint) {
       if (op == 0) posix_file_system()->read_file(missing);
       if (op == 1) posix_file_system()->write_file_atomically(missing, "x");
       FAIL() << "op " << op;
-    } catch (const Error& e) {
+    } catch (const CheckpointError& e) {
+      FAIL() << "the file system spoke of checkpoints: " << e.what();
+    } catch (const FileError& e) {
       const std::string what = e.what();
       EXPECT_TRUE(contains(what, "/proc/self/no/such/dir/file.json")) << what;
       EXPECT_TRUE(contains(what, "No such file or directory")) << what;

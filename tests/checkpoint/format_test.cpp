@@ -268,7 +268,7 @@ int64_t newest_valid(FileSystem& fs, const std::string& root, std::string* detai
       EXPECT_EQ(got.data, want.data);
       EXPECT_EQ(got.more, want.more);
       return step;
-    } catch (const CheckpointError& e) {
+    } catch (const FileError& e) {
       *detail += std::string("committed step ") + std::to_string(step) + " is invalid: " + e.what() + "\n";
     }
   }
@@ -305,7 +305,7 @@ TEST(CheckpointProtocol, EveryFaultLeavesPreviousOrNewValid) {
       bool threw = false;
       try {
         save_step(*fs, dir, 20, make_step(20));
-      } catch (const CheckpointError&) {
+      } catch (const FileError&) {
         threw = true;
       }
       if (mode == kCrashPowerLoss || mode == kTornPowerLoss) fs->lose_unsynced();
@@ -336,12 +336,12 @@ TEST(CheckpointProtocol, FsyncFailureNeverCommits) {
   auto fs = std::make_shared<FaultInjectionFileSystem>();
   save_step(*fs, root, 10, make_step(10));
   fs->fail_all(FaultInjectionFileSystem::Op::kSync, EIO);
-  EXPECT_THROW(save_step(*fs, root, 20, make_step(20)), CheckpointError);
+  EXPECT_THROW(save_step(*fs, root, 20, make_step(20)), FileError);
   fs->reset();
   std::string detail;
   EXPECT_EQ(newest_valid(*fs, root, &detail), 10) << detail;
   fs->fail_all(FaultInjectionFileSystem::Op::kSyncDir, EIO);
-  EXPECT_THROW(save_step(*fs, root, 20, make_step(20)), CheckpointError);
+  EXPECT_THROW(save_step(*fs, root, 20, make_step(20)), FileError);
   fs->reset();
   // A failed directory fsync after the rename may leave the new step in place; it must be valid.
   const int64_t got = newest_valid(*fs, root, &detail);

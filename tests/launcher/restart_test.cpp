@@ -300,6 +300,19 @@ TEST(ErrorFileTest, KindAndRestartableRoundTripAndDecideTheRestart) {
   report.kind = launch::ErrorKind::kCheckpoint;
   report.restartable = true;
   EXPECT_EQ(launcher::final_reason(std::nullopt, report), "");
+  // Every kind reads back as itself, and a final one of each is named as final.
+  for (auto kind : {launch::ErrorKind::kError, launch::ErrorKind::kConfig, launch::ErrorKind::kComm,
+                    launch::ErrorKind::kTimeout, launch::ErrorKind::kPeerLost,
+                    launch::ErrorKind::kCheckpoint, launch::ErrorKind::kFile,
+                    launch::ErrorKind::kOutOfMemory, launch::ErrorKind::kSignal}) {
+    report.kind = kind;
+    report.restartable = false;
+    const auto read = launch::parse_error_file(launch::error_file_json(report));
+    ASSERT_TRUE(read.has_value());
+    EXPECT_EQ(read->kind, kind) << launch::kind_name(kind);
+    EXPECT_NE(launcher::final_reason(std::nullopt, read), "") << launch::kind_name(kind);
+  }
+  report.restartable = true;
   // A communication kind is a consequence, whatever the message says.
   report.kind = launch::ErrorKind::kPeerLost;
   EXPECT_TRUE(launcher::looks_secondary(report));

@@ -164,9 +164,9 @@ FaultInjectionFileSystem::Verdict FaultInjectionFileSystem::begin_op(Op op, cons
   const auto it = fail_all_.find(op);
   if (it != fail_all_.end()) err = it->second;
   if (err != 0) {
-    throw CheckpointError("tandem: checkpoint: " + std::string(op_name(op)) + " '" + what +
-                          "' failed: " + std::strerror(err) + " (errno " + std::to_string(err) +
-                          ", injected at op " + std::to_string(n) + ").");
+    throw FileError("tandem: checkpoint: " + std::string(op_name(op)) + " '" + what +
+                    "' failed: " + std::strerror(err) + " (errno " + std::to_string(err) +
+                    ", injected at op " + std::to_string(n) + ").");
   }
   return Verdict::kProceed;
 }

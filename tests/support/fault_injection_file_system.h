@@ -3,7 +3,7 @@
 // It forwards every call to a base FileSystem and numbers the mutating operations (create,
 // append, sync, close, rename, sync_dir, create_dirs, remove_file, remove_dir) from 0. A test
 // arms one fault at operation number n:
-//   - fail_op(n, errno):  op n throws CheckpointError with that errno (ENOSPC, EIO, ...) without
+//   - fail_op(n, errno):  op n throws FileError with that errno (ENOSPC, EIO, ...) without
 //                         doing anything; later ops work again (a transient error).
 //   - crash_at(n):        op n and every later call (reads included) throw CrashError: the
 //                         process "died" just before op n.

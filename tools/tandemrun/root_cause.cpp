@@ -28,6 +28,8 @@ std::string final_reason(const std::optional<WorkerExit>& exit,
       return "a configuration error";
     case launch::ErrorKind::kCheckpoint:
       return "a checkpoint error that trying again cannot fix";
+    case launch::ErrorKind::kFile:
+      return "a file error that trying again cannot fix";
     default:
       return std::string("an error of kind '") + launch::kind_name(error->kind) +
              "' that its program reports as not restartable";

@@ -51,17 +51,25 @@ class PeerLostError : public CommError {
   using CommError::CommError;
 };
 
-// A training-state checkpoint (or another file) could not be written, read or verified. Not
-// restartable when trying again cannot help: a checkpoint that does not fit this run, a directory
-// that cannot be written (permissions, a read-only file system, a file in the way).
-class CheckpointError : public Error {
+// A file could not be created, written, synced, renamed or read (FileSystem, base/file_system.h):
+// the message names the operation, the path and the OS error. Not restartable when trying again
+// cannot help: permissions, a read-only file system, a file where a directory should be.
+class FileError : public Error {
  public:
-  explicit CheckpointError(const std::string& what, bool restartable = true)
+  explicit FileError(const std::string& what, bool restartable = true)
       : Error(what), restartable_(restartable) {}
   bool restartable() const noexcept override { return restartable_; }
 
  private:
   bool restartable_;
+};
+
+// A training-state checkpoint could not be written, read or verified; the checkpoint layer's own
+// I/O errors reach its callers as this type too. Not restartable when trying again cannot help: a
+// checkpoint that does not fit this run, a directory that cannot be written.
+class CheckpointError : public FileError {
+ public:
+  using FileError::FileError;
 };
 
 // An allocation could not be satisfied even after releasing cached memory.

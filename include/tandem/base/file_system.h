@@ -7,9 +7,10 @@
 // in another storage layer (CheckpointManagerOptions::file_system). posix_file_system() is the
 // real one. Ownership: shared (std::shared_ptr); files are owned by their unique_ptr.
 //
-// Errors: every method throws CheckpointError naming the operation, the path and the OS error
+// Errors: every method throws FileError naming the operation, the path and the OS error
 // (strerror) on failure; it never returns a silent partial result. A "crash" injected by a test
-// throws CrashError (a CheckpointError) instead.
+// throws CrashError (a FileError) instead. The checkpoint layer hands its callers these as
+// CheckpointError (checkpoint/checkpoint_file_system.h); a crash stays a CrashError.
 //
 // Thread-safety: a FileSystem may be used from several threads at once (the async writer and the
 // training thread); one WritableFile/ReadableFile is used by one thread at a time.
@@ -27,9 +28,9 @@
 namespace tandem {
 
 // Thrown by FaultInjectionFileSystem when it simulates the process dying mid-protocol.
-class CrashError : public CheckpointError {
+class CrashError : public FileError {
  public:
-  using CheckpointError::CheckpointError;
+  using FileError::FileError;
 };
 
 // A file opened for writing from offset 0 (created or truncated).
@@ -49,7 +50,7 @@ class ReadableFile {
  public:
   virtual ~ReadableFile() = default;
   virtual uint64_t size() const = 0;
-  // Reads exactly `n` bytes at `offset` into `dst`; a short file throws CheckpointError.
+  // Reads exactly `n` bytes at `offset` into `dst`; a short file throws FileError.
   virtual void read(uint64_t offset, size_t n, void* dst) = 0;
 };
 
