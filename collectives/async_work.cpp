@@ -38,11 +38,6 @@ std::string format_bytes(uint64_t bytes) {
   return buf;
 }
 
-uint64_t record_op(const OpDescription& d) {
-  if (*d.backend == '\0') return UINT64_MAX;  // not a communicator's op (a codec stage)
-  return FlightRecorder::instance().record(d.ranks, d.backend, d.name, d.seq, d.p2p, d.detail);
-}
-
 std::string dump_flight_recorder(const std::string& reason) {
   const std::string path = FlightRecorder::instance().dump(reason);
   if (path.empty()) return "";
@@ -55,8 +50,7 @@ AsyncWork::AsyncWork(OpDescription description, std::chrono::milliseconds defaul
                      std::function<std::string(const std::string&)> on_timeout)
     : description_(std::move(description)),
       default_timeout_(default_timeout),
-      on_timeout_(std::move(on_timeout)),
-      flight_id_(record_op(description_)) {}
+      on_timeout_(std::move(on_timeout)) {}
 
 void AsyncWork::finish(std::exception_ptr error) {
   std::string what;
@@ -69,7 +63,7 @@ void AsyncWork::finish(std::exception_ptr error) {
       what = "unknown error";
     }
   }
-  FlightRecorder::instance().ended(flight_id_, what);
+  FlightRecorder::instance().ended(description_.flight_id, what);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     done_ = true;

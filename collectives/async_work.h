@@ -12,19 +12,17 @@
 
 namespace tandem::detail {
 
-// What an op is, for messages: "allreduce #12 (sum, 4.00 MiB float32) on ranks [0, 1]".
+// What an op is, for messages: "allreduce #12 (sum, 4.00 MiB float32) on ranks [0, 1]". A
+// communicator's op takes its number and flight-recorder entry from Communicator::issue().
 struct OpDescription {
   std::string name;
   uint64_t seq = 0;
   std::string detail;
   std::string ranks;
-  const char* backend = "";  // for the flight recorder
-  bool p2p = false;          // send/recv: numbered apart from collectives
+  bool p2p = false;                  // send/recv: numbered apart from collectives
+  uint64_t flight_id = UINT64_MAX;   // its flight-recorder entry (none: not a communicator's op)
   std::string str() const;
 };
-
-// Records `d` in the flight recorder (tandem/collectives/flight_recorder.h); returns its id.
-uint64_t record_op(const OpDescription& d);
 // Dumps the flight recorder after a failure; returns a sentence for the error message naming the
 // file and how to read it ("" when the recorder is off or the dump failed).
 std::string dump_flight_recorder(const std::string& reason);
@@ -45,8 +43,8 @@ class AsyncWork : public Work {
   void finish(std::exception_ptr error = nullptr);
 
   const OpDescription& description() const { return description_; }
-  // The op's entry in the flight recorder (its runner marks it started).
-  uint64_t flight_id() const { return flight_id_; }
+  // The op's entry in the flight recorder (its runner marks it started; finish() ends it).
+  uint64_t flight_id() const { return description_.flight_id; }
   Clock::time_point issued_at() const { return issued_at_; }
   std::optional<Clock::time_point> completed_at() override;
 
@@ -55,7 +53,6 @@ class AsyncWork : public Work {
   const std::chrono::milliseconds default_timeout_;
   const std::function<std::string(const std::string&)> on_timeout_;
   const Clock::time_point issued_at_ = Clock::now();
-  const uint64_t flight_id_;
   std::mutex mutex_;
   std::condition_variable done_cv_;
   bool done_ = false;

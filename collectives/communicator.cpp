@@ -1,6 +1,7 @@
 #include <tandem/collectives/communicator.h>
 
 #include <tandem/base/errors.h>
+#include <tandem/collectives/flight_recorder.h>
 
 #include "collectives/tensor_checks.h"
 
@@ -107,6 +108,25 @@ std::shared_ptr<Communicator> Communicator::new_group(const std::vector<int>& ra
     }
   }
   return do_new_group(ranks);
+}
+
+Communicator::Issued Communicator::issue(const char* name, const std::string& detail, bool p2p) {
+  const std::string& ranks = ranks_text();  // set once, then only read
+  Issued op;
+  std::lock_guard<std::mutex> lock(numbering_mutex_);  // recorded in the order numbered
+  op.seq = p2p ? next_p2p_seq_++ : next_collective_seq_++;
+  op.flight_id = FlightRecorder::instance().record(ranks, backend(), name, op.seq, p2p, detail);
+  return op;
+}
+
+const std::string& Communicator::ranks_text() {
+  std::lock_guard<std::mutex> lock(numbering_mutex_);
+  if (ranks_text_.empty()) {
+    std::vector<int> world(size());
+    for (int r = 0; r < size(); ++r) world[r] = world_rank(r);
+    ranks_text_ = detail::format_ranks(world);
+  }
+  return ranks_text_;
 }
 
 WorkPtr Communicator::do_fence() { return std::make_shared<DoneWork>(); }

@@ -3,7 +3,6 @@
 
 #include <tandem/base/errors.h>
 
-#include <algorithm>
 #include <set>
 
 namespace tandem {
@@ -101,11 +100,11 @@ std::shared_ptr<Communicator> DeviceMesh::group(const std::vector<std::string>& 
     chosen[i] = true;
   }
   std::vector<size_t> key;
-  for (size_t i = 0; i < dims_.size(); ++i)
+  bool everyone = true;  // every dimension of more than one rank chosen: the group is the world
+  for (size_t i = 0; i < dims_.size(); ++i) {
     if (chosen[i]) key.push_back(i);
-  const bool everyone = std::all_of(dims_.begin(), dims_.end(), [&](const MeshDim& d) {
-    return d.size == 1 || chosen[index(d.name)];
-  });
+    else if (dims_[i].size > 1) everyone = false;
+  }
   if (everyone && lane.empty()) return world_;
   std::lock_guard<std::mutex> lock(mutex_);
   auto& slot = groups_[{key, lane}];

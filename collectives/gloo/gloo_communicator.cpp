@@ -94,7 +94,14 @@ GlooCommunicator::GlooCommunicator(c10::intrusive_ptr<c10d::Store> store,
                     ". Check that the ranks can reach each other (GlooOptions::hostname).");
   }
   // Collective like the rendezvous above: every rank reaches the same answer.
-  if (auto channel = connect_shm_channel(store_, prefix_, rank_, world_ranks_, options_)) {
+  ShmChannelOptions shm;
+  shm.enabled = options_.shared_memory;
+  shm.slot_bytes = options_.shared_memory_slot_bytes;
+  shm.peer_reads = options_.shared_memory_peer_reads;
+  shm.timeout = options_.timeout;
+  shm.rendezvous_timeout = options_.rendezvous_timeout();
+  shm.disable_hint = "GlooOptions::shared_memory = false (--set comm.shared_memory=false)";
+  if (auto channel = connect_shm_channel(store_, prefix_, rank_, world_ranks_, shm)) {
     shm_ = std::make_unique<ShmCollectives>(std::move(channel));
   }
 }
@@ -132,16 +139,15 @@ void GlooCommunicator::abort_self(const std::string& reason) {
 }
 
 OpDescription GlooCommunicator::describe(const char* name, std::string detail, bool p2p) {
+  // A collective's number is also its Gloo tag, which must agree across ranks.
+  const Issued op = issue(name, detail, p2p);
   OpDescription d;
   d.name = name;
+  d.seq = op.seq;
   d.detail = std::move(detail);
-  d.ranks = format_ranks(world_ranks_);
-  d.backend = "gloo";
+  d.ranks = ranks_text();
   d.p2p = p2p;
-  std::lock_guard<std::mutex> lock(mutex_);
-  // Collectives number themselves apart from point-to-point ops: their number is Gloo's tag and
-  // must agree across ranks, which send/recv counts need not.
-  d.seq = p2p ? next_p2p_seq_++ : next_collective_seq_++;
+  d.flight_id = op.flight_id;
   return d;
 }
 
@@ -151,6 +157,7 @@ void GlooCommunicator::throw_if_broken(const OpDescription& description) {
     const std::string msg = "tandem: " + description.str() +
                             " refused: the communicator is unusable after an earlier failure: " +
                             broken_reason_;
+    FlightRecorder::instance().ended(description.flight_id, msg);  // it never ran
     if (broken_by_lost_peer_) throw PeerLostError(msg);
     throw CommError(msg);
   }

@@ -90,6 +90,7 @@ class GlooCommunicator final : public Communicator,
 
   // abort() without the sub-groups (the destructor: they may outlive this one).
   void abort_self(const std::string& reason);
+  // Numbers and records the op (Communicator::issue): call it after the checks that can fail here.
   OpDescription describe(const char* name, std::string detail, bool p2p = false);
   // Queues `run` on the op thread; throws CommError at once if the communicator is broken.
   WorkPtr enqueue(OpDescription description, std::function<void()> run);
@@ -101,6 +102,7 @@ class GlooCommunicator final : public Communicator,
   // Runs one queued op on the op thread and completes its Work.
   void run_op(AsyncWork& work, const std::function<void()>& run);
   WorkPtr post_p2p(const at::Tensor& tensor, int peer, uint32_t tag, bool is_send);
+  // Refuses an op of a broken communicator (its flight-recorder entry ends failed).
   void throw_if_broken(const OpDescription& description);
   // After `d` timed out here: which members never joined it, as a sentence (store exchange).
   std::string who_never_joined(const OpDescription& d);
@@ -125,8 +127,6 @@ class GlooCommunicator final : public Communicator,
   std::mutex mutex_;  // guards the members up to ops_
   std::string broken_reason_;
   bool broken_by_lost_peer_ = false;
-  uint64_t next_collective_seq_ = 0;
-  uint64_t next_p2p_seq_ = 0;
   uint64_t next_group_ = 0;
   std::vector<std::shared_ptr<GlooP2PState>> p2p_in_flight_;
   // The op thread ("tandem-gloo"): collectives run there one after another, in issue order.

@@ -39,7 +39,7 @@ class GlooP2PWork : public Work {
         description_(std::move(description)),
         comm_(std::move(comm)),
         default_timeout_(default_timeout),
-        flight_id_(record_op(description_)) {
+        flight_id_(description_.flight_id) {
     FlightRecorder::instance().started(flight_id_);  // posted at once
   }
 

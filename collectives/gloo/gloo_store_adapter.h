@@ -1,5 +1,5 @@
-// Internal: lets Gloo's rendezvous (through libtandem_gloo's GlooKeyValue seam) and the
-// shared-memory setup use any c10d store (TCPStore, FileStore, HashStore, PrefixStore).
+// Internal: lets Gloo's rendezvous (through libtandem_gloo's GlooKeyValue seam) use any c10d store
+// (TCPStore, FileStore, HashStore, PrefixStore); its waits are store_wait.h's.
 #pragma once
 
 #include "collectives/gloo/gloo_mesh.h"
@@ -19,7 +19,7 @@ class GlooStoreAdapter final : public GlooKeyValue {
 
   void set(const std::string& key, const std::vector<char>& data) override;
   std::vector<char> get(const std::string& key) override;
-  // Throws TimeoutError naming the keys (ranks) that never appeared.
+  // Throws TimeoutError naming the keys (ranks) that never appeared (wait_for_keys).
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
 
  private:

@@ -370,23 +370,30 @@ class NcclCommunicator : public Communicator,
     OpDescription d;
     d.name = name;
     d.detail = std::move(detail);
-    d.ranks = format_ranks(world_ranks_);
-    d.backend = "nccl";
+    d.ranks = ranks_text();
     d.p2p = std::strcmp(name, "send") == 0 || std::strcmp(name, "recv") == 0 ||
             std::strcmp(name, "send_recv") == 0;
-    std::lock_guard<std::timed_mutex> issue(issue_mutex_);  // issue order = number = stream order
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      d.seq = d.p2p ? next_p2p_seq_++ : next_seq_++;
-      throw_if_broken(d.str());
-    }
+    std::lock_guard<std::timed_mutex> issuing(issue_mutex_);  // issue order = number = stream order
+    const Issued issued = issue(name, d.detail, d.p2p);
+    d.seq = issued.seq;
+    d.flight_id = issued.flight_id;
     c10::cuda::CUDAGuard guard(device_);
-    // The producer: whatever the caller queued so far on its current stream, the contiguous copies
-    // made above included.
-    const cudaStream_t producer = c10::cuda::getCurrentCUDAStream(device_).stream();
-    check_cuda(cudaEventRecord(ready_->get(), producer), "cudaEventRecord");
-    check_cuda(cudaStreamWaitEvent(stream_.stream(), ready_->get(), 0), "cudaStreamWaitEvent");
-    auto op = std::make_shared<NcclOp>(std::move(d), options_.device, events_);
+    std::shared_ptr<NcclOp> op;
+    try {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        throw_if_broken(d.str());
+      }
+      // The producer: whatever the caller queued so far on its current stream, the contiguous
+      // copies made above included.
+      const cudaStream_t producer = c10::cuda::getCurrentCUDAStream(device_).stream();
+      check_cuda(cudaEventRecord(ready_->get(), producer), "cudaEventRecord");
+      check_cuda(cudaStreamWaitEvent(stream_.stream(), ready_->get(), 0), "cudaStreamWaitEvent");
+      op = std::make_shared<NcclOp>(std::move(d), options_.device, events_);
+    } catch (const std::exception& e) {
+      FlightRecorder::instance().ended(issued.flight_id, e.what());  // it never reached NCCL
+      throw;
+    }
     try {
       check_cuda(cudaEventRecord(op->start_event(), stream_.stream()), "cudaEventRecord");
       check_nccl(call(), op->description().str());
@@ -455,12 +462,10 @@ class NcclCommunicator : public Communicator,
   const c10::cuda::CUDAStream stream_;  // the NCCL stream
   const std::shared_ptr<detail::CudaEventPool> events_ = std::make_shared<detail::CudaEventPool>();
   std::unique_ptr<detail::CudaEvent> ready_;  // the producer's point, re-recorded per op
-  std::mutex mutex_;                          // seq numbers, broken state, barrier buffer
+  std::mutex mutex_;                          // broken state, barrier buffer
   std::timed_mutex issue_mutex_;              // one thread issues to NCCL at a time
   detail::SubGroups groups_;                  // aborted with this one
   std::mutex nccl_mutex_;                     // aborted_ and NCCL calls from the watchdog
-  uint64_t next_seq_ = 0;
-  uint64_t next_p2p_seq_ = 0;
   std::string broken_reason_;
   bool broken_by_lost_peer_ = false;
   bool aborted_ = false;

@@ -101,14 +101,14 @@ class NcclOp {
   using Clock = AsyncWork::Clock;
   enum class Status { kPending, kDone, kFailed };
 
-  // `description.backend` is "nccl"; the op is recorded in the flight recorder here. Its two
-  // events come from `events`.
+  // `description` carries the op's flight-recorder entry (Communicator::issue), which the op
+  // marks started and ended. Its two events come from `events`.
   NcclOp(OpDescription description, int device, const std::shared_ptr<CudaEventPool>& events)
       : description_(std::move(description)),
         device_(device),
         start_(events),
         end_(events),
-        flight_id_(record_op(description_)) {}
+        flight_id_(description_.flight_id) {}
 
   const OpDescription& description() const { return description_; }
   int device() const { return device_; }
@@ -202,7 +202,7 @@ class NcclOp {
   const OpDescription description_;
   const int device_;
   const Clock::time_point issued_at_ = Clock::now();
-  const CudaEvent start_;  // before flight_id_: nothing is recorded when creating them fails
+  const CudaEvent start_;
   const CudaEvent end_;
   const uint64_t flight_id_;
   std::mutex mutex_;

@@ -1,8 +1,8 @@
 #include "collectives/shm/shm_channel.h"
 
 #include "collectives/async_work.h"
-#include "collectives/gloo/gloo_store_adapter.h"
 #include "collectives/shm/peer_memory.h"
+#include "collectives/store_wait.h"
 #include "collectives/tensor_checks.h"
 
 #include <tandem/base/errors.h>
@@ -149,11 +149,11 @@ std::string unique_segment_name() {
 
 // Printed once, by rank 0, when the ranks share a host but cannot share memory: silently
 // falling back would hide a /dev/shm that is too small or not shared between containers.
-void warn_fallback(const std::string& prefix, const std::string& why) {
+void warn_fallback(const std::string& prefix, const std::string& why, const std::string& hint) {
   std::fprintf(stderr,
                "tandem: shared-memory collectives unavailable for '%s' (%s); they use TCP loopback."
-               " GlooOptions::shared_memory = false silences this.\n",
-               prefix.c_str(), why.c_str());
+               " %s silences this.\n",
+               prefix.c_str(), why.c_str(), hint.c_str());
 }
 
 }  // namespace
@@ -338,15 +338,13 @@ void ShmChannel::check_same_op() const {
 std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::Store>& store,
                                                 const std::string& prefix, int rank,
                                                 const std::vector<int>& world_ranks,
-                                                const GlooOptions& options) {
+                                                const ShmChannelOptions& options) {
   const int size = static_cast<int>(world_ranks.size());
   if (size < 2) return nullptr;
   auto shm_store = c10::make_intrusive<c10d::PrefixStore>(prefix + "/shm", store);
-  GlooStoreAdapter waiter(shm_store,
-                          "shared-memory setup of " + std::to_string(size) + " ranks under '" +
-                              prefix + "' (this is world rank " +
-                              std::to_string(world_ranks[rank]) + ")",
-                          size);
+  const std::string setup = "shared-memory setup of " + std::to_string(size) + " ranks under '" +
+                            prefix + "' (this is world rank " + std::to_string(world_ranks[rank]) +
+                            ")";
   auto set = [&](const std::string& key, const std::string& value) {
     shm_store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
   };
@@ -357,11 +355,11 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
   auto wait_all = [&](const std::string& stem) {
     std::vector<std::string> keys;
     for (int q = 0; q < size; ++q) keys.push_back(stem + std::to_string(q));
-    waiter.wait(keys, options.rendezvous_timeout());
+    wait_for_keys(*shm_store, keys, options.rendezvous_timeout, setup, size);
   };
 
   // 1. Same host, and shared memory wanted everywhere?
-  const std::string host = options.shared_memory ? shm_host_identity() : std::string("off");
+  const std::string host = options.enabled ? shm_host_identity() : std::string("off");
   set("host" + std::to_string(rank), host);
   wait_all("host");
   bool same_host = host != "off";
@@ -369,7 +367,7 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
   if (!same_host) return nullptr;
 
   // 2. Rank 0 creates the segment; its geometry travels with the name.
-  size_t slot_bytes = round_up(std::max<size_t>(options.shared_memory_slot_bytes, 4096), 4096);
+  size_t slot_bytes = round_up(std::max<size_t>(options.slot_bytes, 4096), 4096);
   ShmSegment segment;
   std::string failure;
   if (rank == 0) {
@@ -394,11 +392,11 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
     }
     set("name", published);
     if (published[0] == '!') {
-      warn_fallback(prefix, published.substr(1));
+      warn_fallback(prefix, published.substr(1), options.disable_hint);
       return nullptr;
     }
   } else {
-    waiter.wait({"name"}, options.timeout);
+    wait_for_keys(*shm_store, {"name"}, options.timeout, setup, size);
     const std::string published = get("name");
     if (published.empty() || published[0] == '!') return nullptr;
     const size_t space = published.find(' ');
@@ -432,7 +430,7 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
     const std::string ok = get("ok" + std::to_string(q));
     if (ok == "1") continue;
     if (all_ok && rank == 0) {
-      warn_fallback(prefix, "rank " + std::to_string(q) + ": " + ok.substr(1));
+      warn_fallback(prefix, "rank " + std::to_string(q) + ": " + ok.substr(1), options.disable_hint);
     }
     all_ok = false;
   }
@@ -441,7 +439,7 @@ std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::S
   // 4. Can every rank read every peer's memory? Then all-gathers copy once (peer_memory.h). The
   // probe word stays alive until every rank has given its verdict.
   const PeerReadProbe probe;
-  set("probe" + std::to_string(rank), options.shared_memory_peer_reads ? probe.published() : "off");
+  set("probe" + std::to_string(rank), options.peer_reads ? probe.published() : "off");
   wait_all("probe");
   std::vector<int> pids(size);
   std::string verdict = "1";

@@ -2,11 +2,11 @@
 // (shm_collectives.h runs allreduce, reduce-scatter and all-gather over it).
 //
 // connect_shm_channel() is collective over the ranks of a communicator: each rank publishes its
-// host identity (host name + kernel boot id, or "off" when GlooOptions::shared_memory is false)
+// host identity (host name + kernel boot id, or "off" when ShmChannelOptions::enabled is false)
 // under the communicator's store prefix; when all are equal and none is "off", rank 0 creates one
 // shared segment, the others map it, and the name is unlinked as soon as everyone has mapped it.
 // Then each rank probes whether it can read every peer's memory (peer_memory.h); only when all can
-// (and GlooOptions::shared_memory_peer_reads is true everywhere) does the channel offer
+// (and ShmChannelOptions::peer_reads is true everywhere) does the channel offer
 // read_peer(), which the all-gather uses to copy each element once.
 // Any failure on any rank (different hosts, no shared /dev/shm, /dev/shm full) makes every rank
 // return nullptr: the caller keeps using Gloo, and all ranks agree because the decision is read
@@ -40,7 +40,6 @@
 #include "collectives/shm/shm_segment.h"
 
 #include <tandem/collectives/communicator.h>
-#include <tandem/collectives/gloo_communicator.h>
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
@@ -132,13 +131,24 @@ class ShmChannel {
   const char* op_name_ = "collective";  // of the op in flight, for errors
 };
 
+// How a channel is set up; the communicator that owns it fills these from its own options.
+struct ShmChannelOptions {
+  bool enabled = true;          // false on any rank: no rank uses shared memory
+  size_t slot_bytes = 1 << 20;  // per rank and step (rounded up to 4 KiB); rank 0's value is used
+  bool peer_reads = true;       // false on any rank: no peer reads (two copies per all-gather)
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};     // every wait for a peer
+  std::chrono::milliseconds rendezvous_timeout{std::chrono::minutes(5)};  // the setup's waits
+  // Named in the warning printed when the ranks share a host but not memory.
+  std::string disable_hint = "ShmChannelOptions::enabled = false";
+};
+
 // Collective (see the top of this file). `store` is the communicator's store, `prefix` its key
 // prefix; returns nullptr when shared memory is off or cannot be used by every rank. Throws
-// TimeoutError when a rank does not take part within options.timeout.
+// TimeoutError when a rank does not take part within options.rendezvous_timeout.
 std::unique_ptr<ShmChannel> connect_shm_channel(const c10::intrusive_ptr<c10d::Store>& store,
                                                 const std::string& prefix, int rank,
                                                 const std::vector<int>& world_ranks,
-                                                const GlooOptions& options);
+                                                const ShmChannelOptions& options);
 
 // "<host name>/<boot id>": equal exactly for processes on one running machine.
 std::string shm_host_identity();

@@ -106,8 +106,10 @@ TEST(ShmPeerReads, TheChannelOffersPeerReadsOnlyWhenEveryRankWantsThem) {
   SKIP_WITHOUT_PEER_READS();
   for (int refusing : {-1, 0, 2}) {
     run_threads(3, [&](int rank, c10::intrusive_ptr<c10d::Store> store) {
-      GlooOptions o = shm_options(4096);
-      o.shared_memory_peer_reads = rank != refusing;
+      detail::ShmChannelOptions o;
+      o.slot_bytes = 4096;
+      o.timeout = o.rendezvous_timeout = shm_options().timeout;
+      o.peer_reads = rank != refusing;
       auto channel = detail::connect_shm_channel(store, "peer-reads", rank, {0, 1, 2}, o);
       ASSERT_NE(channel, nullptr);
       EXPECT_EQ(channel->reads_peers(), refusing < 0)

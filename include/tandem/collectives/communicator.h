@@ -38,6 +38,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -116,7 +117,8 @@ class Communicator {
   // The operations are non-virtual: each checks what every backend requires of its arguments
   // (an allocated dense tensor of a supported dtype, a reduce op its dtype allows, sizes that fit
   // the world, peers in range: CommError naming the op and the argument) and then hands the op
-  // to the backend's do_* hook below, which checks what only it knows (the device).
+  // to the backend's do_* hook below, which checks what only it knows (the device), and numbers
+  // and records the op through issue().
 
   // In place: every rank's `tensor` becomes the reduction over all ranks. kAvg is defined for
   // floating types only (integer averages would silently truncate).
@@ -201,6 +203,29 @@ class Communicator {
   virtual WorkPtr do_send_recv(const std::vector<P2POp>& ops);
   // fence: a completed Work (every op completes at its wait).
   virtual WorkPtr do_fence();
+
+  // What issue() gives an operation: its number on this communicator and its flight-recorder
+  // entry, which the backend marks started and ended (FlightRecorder::started/ended).
+  struct Issued {
+    uint64_t seq = 0;
+    uint64_t flight_id = UINT64_MAX;  // none while recording is off
+  };
+  // Numbers one operation of this backend and records it, enqueued now, in the flight recorder
+  // (flight_recorder.h) under this communicator's ranks and backend(). Collectives count apart
+  // from send/recv (`p2p`): their numbers must agree across ranks, which send/recv counts need
+  // not. A backend calls it from its hook once every check that can fail on this rank alone has
+  // passed (a number taken and then abandoned would put this rank out of step with its peers),
+  // and in the order its ops are issued; a wrapper never does (the backend it forwards to does).
+  // `detail`: what the op moves ("sum, 4.00 MiB float32"). Thread-safe.
+  Issued issue(const char* name, const std::string& detail, bool p2p = false);
+  // "[0, 1, 3]": the world ranks of this communicator, as messages and the recorder name them.
+  const std::string& ranks_text();
+
+ private:
+  std::mutex numbering_mutex_;  // guards the members below
+  uint64_t next_collective_seq_ = 0;
+  uint64_t next_p2p_seq_ = 0;
+  std::string ranks_text_;  // made on first use (world_rank() is virtual)
 };
 
 }  // namespace tandem
