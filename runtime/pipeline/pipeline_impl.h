@@ -1,7 +1,7 @@
 // Private to runtime/pipeline: PipelineParallel's state, shared by pipeline_parallel.cpp
 // (construction, the step), pipeline_actions.cpp (running one schedule action),
 // pipeline_transport.cpp (the send thread, collective helpers) and pipeline_stats.cpp (recording,
-// partitioning, groups).
+// partitioning).
 #pragma once
 
 #include "base/serial_executor.h"

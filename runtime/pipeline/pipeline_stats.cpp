@@ -1,5 +1,5 @@
-// PipelineParallel: accessors, recorded costs and timelines, re-balancing, partitioning and
-// the 2D groups (pipeline_parallel.h).
+// PipelineParallel: accessors, recorded costs and timelines, re-balancing and partitioning
+// (pipeline_parallel.h).
 #include <ATen/ops/empty.h>
 #include <ATen/ops/zeros.h>
 
@@ -7,8 +7,6 @@
 #include <limits>
 
 #include "runtime/pipeline/pipeline_impl.h"
-
-#include <tandem/collectives/device_mesh.h>
 
 namespace tandem {
 
@@ -70,35 +68,6 @@ std::vector<int64_t> partition_balanced(const std::vector<double>& weights, int 
     i = cut[j][i];
   }
   return sizes;
-}
-
-PipelineGroups make_pipeline_groups(Communicator& world, int pipeline_size) {
-  if (pipeline_size < 1 || world.size() % pipeline_size != 0) {
-    throw ConfigError("pipeline size " + std::to_string(pipeline_size) +
-                      " must divide the world size " + std::to_string(world.size()));
-  }
-  // Consecutive ranks form one pipeline: pp is the mesh's fastest dimension. A lane of their own
-  // makes both groups fresh communicators, never the borrowed world.
-  DeviceMesh mesh(std::shared_ptr<Communicator>(&world, [](Communicator*) {}),
-                  {{"dp", world.size() / pipeline_size}, {"pp", pipeline_size}});
-  PipelineGroups g;
-  g.pipeline = mesh.group({"pp"}, "pipeline");
-  if (world.size() > pipeline_size) g.data = mesh.group({"dp"}, "pipeline");
-  return g;
-}
-
-PipelineGroups make_pipeline_groups(DeviceMesh& mesh) {
-  std::vector<std::string> data;
-  int data_ranks = 1;
-  for (const MeshDim& d : mesh.dims()) {
-    if (d.name == "pp") continue;
-    data.push_back(d.name);
-    data_ranks *= d.size;
-  }
-  PipelineGroups g;
-  g.pipeline = mesh.group({"pp"});
-  if (data_ranks > 1) g.data = mesh.group(data);
-  return g;
 }
 
 std::vector<at::Tensor> PipelineParallel::parameters() const {
