@@ -1,11 +1,21 @@
 #!/usr/bin/env python3
-"""Driver of scripts/bench-sharded (which builds the programs and sets SHB_*): runs every mode in
-rounds under tandemrun, takes medians, checks the goals of issue 17, prints a table and writes
-bench/results/sharded.json. See scripts/bench-sharded for what each mode is.
+"""Sharded data parallel on 2 ranks x 1 compute thread: memory and step time of
+tandem::DistributedDataParallel and ShardedDataParallel stages 1, 2 and 3 against the theory and
+PyTorch's DDP, ZeroRedundancyOptimizer and FSDP2 (fully_shard); checks the goals of issue 17,
+prints a table and writes bench/results/sharded.json (driven by scripts/bench-sharded, which builds
+bench_sharded and tandemrun).
+  Model: the data-parallel benchmark's W1 (MLP 1024 -> 4x2048 ReLU -> 1024, 16.8 M fp32
+  parameters, batch 32 per rank, MSE) with AdamW; at stage 3 each Linear is a ShardedUnit, under
+  FSDP2 each Linear is fully_shard'ed.
+Modes (bench/sharded/bench_sharded.cpp; bench/sharded/pytorch_zero.py): ddp, zero1, zero2, zero3,
+comm (the collectives alone: DDP's all-reduce vs the stages' reduce-scatter + all-gather, all
+through shared memory), pytorch_ddp, pytorch_zero (DDP + ZeroRedundancyOptimizer) and
+pytorch_fsdp2. Modes are interleaved in rounds (order rotated each round); each figure is the
+median over rounds of the per-run figure (the larger of the two ranks' median step times). Full
+runs: 5 rounds x 20 timed steps (about 4 min); --quick: 2 rounds x 6 steps, marked "quick": true.
 
-The PyTorch peers (bench/sharded/pytorch_zero.py: DDP, DDP + ZeroRedundancyOptimizer, FSDP2) run on
-$SHB_PYTHON, the venv's python, in the same rounds as tandem's modes, with the same model, batch,
-warm-up and timed steps; their results sit under "pytorch" in the JSON (FSDP2: pytorch.fsdp2).
+The PyTorch peers run on the venv's python (this driver's, scripts/env.sh), in the same rounds as
+tandem's modes, with the same model, batch, warm-up and timed steps; their results sit under "pytorch" in the JSON (FSDP2: pytorch.fsdp2).
 Their collectives run through Gloo (TCP on loopback), the stages' through tandem's shared memory.
 
 peak_bytes, the same quantity on both sides: the bytes libtorch's CPU allocator holds (every CPU
@@ -23,100 +33,61 @@ the largest over a run's measured steps, the larger of the two ranks', the media
     the timed steps.
 state_bytes on both sides: parameters + gradients + AdamW's exp_avg and exp_avg_sq held by a rank
 between steps (sharded tensors by their local shards)."""
-import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-repo, bench, tandemrun, python = (os.environ[k] for k in ("SHB_REPO", "SHB_BENCH", "SHB_TANDEMRUN", "SHB_PYTHON"))
-quick = os.environ["SHB_QUICK"] == "1"
-command = os.environ["SHB_COMMAND"]
-peer = os.path.join(repo, "bench", "sharded", "pytorch_zero.py")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402
+
+args = harness.parser(__doc__).parse_args()
+bench = harness.find_exe(args.build_dir, "bench_sharded")
+tandemrun = harness.find_exe(args.build_dir, "tandemrun")
+python = sys.executable  # the venv's: the torch wheel tandem builds against
+harness.require("torch")
+quick = args.quick
+command = args.command or "scripts/bench sharded" + (" --quick" if quick else "")
+peer = os.path.join(harness.REPO, "bench", "sharded", "pytorch_zero.py")
 N = 2
 batch = 32
 warmup, steps, rounds = (2, 6, 2) if quick else (3, 20, 5)
-if os.environ.get("SHB_ROUNDS"):
-    rounds = int(os.environ["SHB_ROUNDS"])
+rounds = args.rounds or rounds
 STAGES = {"ddp": 0, "zero1": 1, "zero2": 2, "zero3": 3}
+os.environ["OMP_NUM_THREADS"] = "1"  # what tandemrun would set; set here so it does not say so every run
 
 
-def loadavg():
-    with open("/proc/loadavg") as f:
-        return [float(v) for v in f.read().split()[:3]]
-
-
-def busy_seconds():
-    """CPU seconds all cores spent busy since boot (/proc/stat), and ours (reaped children)."""
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(v[:8]) - v[3] - v[4]  # user nice system idle iowait irq softirq steal
-    t = os.times()
-    return busy / os.sysconf("SC_CLK_TCK"), t.children_user + t.children_system
-
-
-foreign = []  # per run: CPU used by other processes, in cores (busy CPU not ours / wall time)
-
-
-def launch(mode, out):
+def run(mode, r):
+    out = os.path.join(tmp, "%s_%d.json" % (mode, r))
     argv = [tandemrun, "--standalone", "--nproc-per-node", str(N)]
     if mode.startswith("pytorch_"):
         argv += [python, peer, "--mode", mode[len("pytorch_"):], "--memory-steps", str(steps)]
     else:
         argv += [bench, "--mode", mode]
     argv += ["--batch", str(batch), "--warmup", str(warmup), "--steps", str(steps), "--out", out]
-    b0, c0, t0 = *busy_seconds(), time.time()
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
-    b1, c1, t1 = *busy_seconds(), time.time()
-    foreign.append(max(0.0, ((b1 - b0) - (c1 - c0)) / (t1 - t0)))
-    return argv, p
+    return load.watch(harness.run_json, mode, argv, out)
 
 
-def run(mode, out):
-    argv, p = launch(mode, out)
-    if p.returncode != 0 or not os.path.exists(out):
-        sys.stderr.write(p.stdout)
-        sys.exit("bench-sharded: '%s' failed (exit status %d)" % (" ".join(argv), p.returncode))
-    with open(out) as f:
-        return json.load(f)
+def show(r, m, res):
+    if m == "comm":
+        print("round %d/%d  %-13s all-reduce %.2f ms, reduce-scatter %.2f ms, all-gather %.2f ms" % (
+            r + 1, rounds, m, res["allreduce_ms"], res["reduce_scatter_ms"], res["allgather_ms"]), flush=True)
+    else:
+        print("round %d/%d  %-13s %8.2f ms" % (r + 1, rounds, m, res["step_ms"]), flush=True)
 
 
-def git(*args):
-    try:
-        return subprocess.run(["git", "-C", repo] + list(args), stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
+revision = harness.source()
 start = time.time()
-load_start = loadavg()
-if load_start[0] > 0.5:
-    print("bench-sharded: warning: load average %.2f before the run: other work shares the cores, "
-          "figures will be noisy" % load_start[0])
+load = harness.Load()
 modes = ["ddp", "zero1", "zero2", "zero3", "comm", "pytorch_ddp", "pytorch_zero", "pytorch_fsdp2"]
-load_rounds = []
 with tempfile.TemporaryDirectory() as tmp:
-    runs = {m: [] for m in modes}
-    for r in range(rounds):
-        order = modes[r % len(modes):] + modes[:r % len(modes)]
-        for m in order:
-            res = run(m, os.path.join(tmp, "%s_%d.json" % (m, r)))
-            runs[m].append(res)
-            if m == "comm":
-                print("round %d/%d  %-13s all-reduce %.2f ms, reduce-scatter %.2f ms, all-gather %.2f ms" % (
-                    r + 1, rounds, m, res["allreduce_ms"], res["reduce_scatter_ms"], res["allgather_ms"]), flush=True)
-            else:
-                print("round %d/%d  %-13s %8.2f ms" % (r + 1, rounds, m, res["step_ms"]), flush=True)
-        load_rounds.append(loadavg()[0])
-load_end = loadavg()
+    runs = harness.in_rounds(rounds, modes, run, after_round=lambda r: load.round_done(), show=show)
+load.end()
 
 
 def med(m, key="step_ms"):
-    return statistics.median(x[key] for x in runs[m])
+    return harness.median(runs[m], key)
 
 
 first = runs["ddp"][0]
@@ -278,19 +249,7 @@ goals.append(goal("zero1 step time < ZeroRedundancyOptimizer's", r, "ratio < 1",
 r = z3["step_ms"] / fs2
 goals.append(goal("zero3 step time <= PyTorch FSDP2's", r, "ratio <= 1", r <= 1, z3["step_ms"], round(fs2, 3)))
 result["goals"] = goals
-result["machine"] = {
-    "cores": os.cpu_count(),
-    "cpu": next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")),
-                platform.processor()),
-    "load_average_before": load_start,
-    "load_average_after": load_end,
-    "load_average_1min_after_each_round": load_rounds,
-    "other_processes_cpu_cores_mean": round(statistics.mean(foreign), 3),
-    "other_processes_cpu_cores_max": round(max(foreign), 3),
-    "load_note": ("load averages include this benchmark's own 2 busy ranks; other_processes_cpu_cores = "
-                  "busy CPU time (/proc/stat) minus the benchmark's own CPU time, per run, divided by "
-                  "its wall time"),
-}
+result["machine"] = load.machine()
 result["setup"] = (
     "2 ranks (tandemrun --standalone --nproc-per-node 2), 1 compute thread per rank; model "
     "Linear(1024,2048), ReLU, 3 x (Linear(2048,2048), ReLU), Linear(2048,1024) = %d fp32 parameters, "
@@ -307,8 +266,7 @@ result["setup"] = (
     "reductions (reduce_wait); overlap = first reduction issued to end of backward. Each figure is "
     "the median over rounds of a run's figure (step time: the larger of the ranks' medians; memory: "
     "the larger of the ranks')." % (P, batch, warmup, steps))
-result["source"] = {"commit": git("rev-parse", "HEAD"),
-                    "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no"))}
+result["source"] = revision
 result["rounds"] = rounds
 result["seconds"] = round(time.time() - start, 1)
 
@@ -361,14 +319,7 @@ print("zero3 peak %.1f MiB vs bound %.1f MiB (16/N per parameter + 4 x the large
     z3["peak_bytes"] / MiB, bound / MiB, unit / MiB))
 for g in goals:
     print("goal %-72s %-6s ratio %.3f (%s)" % (g["goal"], "met" if g["met"] else "MISSED", g["ratio"], g["limit"]))
-print("load average before %s, after %s (1-min after each round: %s); other processes used %.2f cores "
-      "on average during the runs (max %.2f); %.0f s" % (
-          load_start, load_end, load_rounds, statistics.mean(foreign), max(foreign), time.time() - start))
+print("%s; %.0f s" % (load.summary(), time.time() - start))
 
-out = os.path.join(repo, "bench", "results", "sharded.json")
-os.makedirs(os.path.dirname(out), exist_ok=True)
-with open(out + ".tmp", "w") as f:
-    json.dump(result, f, indent=2)
-    f.write("\n")
-os.replace(out + ".tmp", out)
-print("bench-sharded: wrote %s" % out)
+result["provenance"] = harness.provenance(command, revision, load)
+print("bench-sharded: wrote %s" % harness.write_result("sharded", result))
