@@ -1,37 +1,29 @@
 #!/usr/bin/env python3
-"""Driver of scripts/bench-precision (which builds the programs and sets PRB_*): runs the W1 model
-under DistributedDataParallel (and ShardedDataParallel stage 2) in fp32, under bf16 autocast and
+"""Mixed precision on the W1 model, 2 ranks x 1 compute thread: step time and peak memory per rank
+(driven by scripts/bench-precision, which builds bench_sharded and tandemrun). Runs the W1 model under DistributedDataParallel (and ShardedDataParallel stage 2) in fp32, under bf16 autocast and
 with bf16 parameters (fp32 masters), and its PyTorch peer (torch.nn.parallel.DistributedDataParallel
 over gloo, fp32 and torch.autocast("cpu", dtype=torch.bfloat16)), all modes interleaved in rounds,
 takes medians, prints a table and writes bench/results/precision.json (the peer under "pytorch",
 with the ratios tandem / PyTorch of the same mode). The workers are bench_sharded (--param-dtype,
---autocast) and bench/precision/pytorch_amp.py (run by PRB_PYTHON, the venv's python), both
-started by tandemrun with 2 ranks."""
-import json
+--autocast) and bench/precision/pytorch_amp.py (run by this driver's python, the venv's), both
+started by tandemrun with 2 ranks. Full runs: 5 rounds x 20 timed steps; --quick: 2 rounds x 6
+steps, marked "quick": true."""
 import os
-import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-bench, tandemrun, repo = (os.environ[k] for k in ("PRB_BENCH", "PRB_TANDEMRUN", "PRB_REPO"))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402
 
-
-def source_revision():
-    """The commit measured, read before the run: a figure is quotable only from a committed tree."""
-    def git(*args):
-        return subprocess.run(["git", "-C", repo] + list(args), stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True).stdout.strip()
-    return {"commit": git("rev-parse", "HEAD"),
-            "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
-python = os.environ.get("PRB_PYTHON") or sys.executable
-quick = os.environ["PRB_QUICK"] == "1"
-command = os.environ["PRB_COMMAND"]
-peer = os.path.join(repo, "bench", "precision", "pytorch_amp.py")
+args = harness.parser(__doc__, rounds=False).parse_args()
+bench = harness.find_exe(args.build_dir, "bench_sharded")
+tandemrun = harness.find_exe(args.build_dir, "tandemrun")
+python = sys.executable  # the venv's (scripts/env.sh)
+harness.require("torch.distributed")
+quick = args.quick
+command = args.command or "scripts/bench precision" + (" --quick" if quick else "")
+peer = os.path.join(harness.REPO, "bench", "precision", "pytorch_amp.py")
 warmup, steps, rounds = (2, 6, 2) if quick else (3, 20, 5)
 MODES = {  # name: (bench_sharded --mode, --param-dtype, --autocast)
     "fp32": ("ddp", "fp32", "off"),
@@ -47,22 +39,6 @@ PYTORCH_MODES = {  # name: pytorch_amp.py --autocast; compared with tandem's mod
 }
 
 
-def cpu_flags():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    return set()
-
-
-def cpu_model():
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def run(name, out):
     argv = [tandemrun, "--standalone", "--nproc-per-node", "2"]
     if name.startswith("pytorch_"):
@@ -71,31 +47,26 @@ def run(name, out):
         mode, dtype, autocast = MODES[name]
         argv += [bench, "--mode", mode, "--param-dtype", dtype, "--autocast", autocast]
     argv += ["--batch", "32", "--warmup", str(warmup), "--steps", str(steps), "--out", out]
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900,
-                       env=dict(os.environ, OMP_NUM_THREADS="1"))
-    if p.returncode != 0 or not os.path.exists(out):
-        sys.stderr.write(p.stdout)
-        sys.exit(f"bench-precision: {name} failed (exit {p.returncode})")
-    with open(out) as f:
-        return json.load(f)
+    return harness.run_json(name, argv, out, env=dict(os.environ, OMP_NUM_THREADS="1"))
+
+
+def show(r, name, result):
+    print(f"round {r + 1}/{rounds}  {name:22s} {result['step_ms']:8.2f} ms", flush=True)
 
 
 def main():
     start = time.time()
-    source = source_revision()
+    source = harness.source()
+    load = harness.Load()
     names = list(MODES) + ["pytorch_" + m for m in PYTORCH_MODES]
-    runs = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]
-            for name in order:
-                result = run(name, os.path.join(tmp, f"{name}-{r}.json"))
-                runs[name].append(result)
-                print(f"round {r + 1}/{rounds}  {name:22s} {result['step_ms']:8.2f} ms", flush=True)
+        runs = harness.in_rounds(rounds, names, lambda name, r: load.watch(
+            run, name, os.path.join(tmp, f"{name}-{r}.json")), show=show)
+    load.end()
     results = {}
     for name in MODES:
         rs = runs[name]
-        med = lambda key: round(statistics.median(x[key] for x in rs), 3)
+        med = lambda key: round(harness.median(rs, key), 3)
         results[name] = {
             "mode": MODES[name][0], "param_dtype": MODES[name][1], "autocast": MODES[name][2],
             "step_ms": med("step_ms"), "forward_ms": med("forward_ms"), "backward_ms": med("backward_ms"),
@@ -112,7 +83,7 @@ def main():
     pytorch = {"torch": runs["pytorch_fp32"][0]["torch"], "python": runs["pytorch_fp32"][0]["python"]}
     for mode, autocast in PYTORCH_MODES.items():
         rs, ours = runs["pytorch_" + mode], runs[mode]
-        med = lambda key: round(statistics.median(x[key] for x in rs), 3)
+        med = lambda key: round(harness.median(rs, key), 3)
         peaks = [x.get("peak_bytes") for x in rs]
         peak = int(max(peaks)) if None not in peaks else None
         t = results[mode]
@@ -125,7 +96,7 @@ def main():
             "runs_step_ms": [round(x["step_ms"], 3) for x in rs],
             "tandem_to_pytorch": {
                 "step_ms": round(t["step_ms"] / med("step_ms"), 4),
-                "step_ms_median_of_rounds": round(statistics.median(per_round), 4),
+                "step_ms_median_of_rounds": round(harness.median(per_round, None), 4),
                 "forward_ms": round(t["forward_ms"] / med("forward_ms"), 4),
                 "backward_ms": round(t["backward_ms"] / med("backward_ms"), 4),
                 "optimizer_ms": round(t["optimizer_ms"] / med("optimizer_ms"), 4),
@@ -156,8 +127,7 @@ def main():
         "rounded to 512 bytes with a 64-byte header (< 0.1 MiB more here). tandem_to_pytorch: tandem's "
         "figure of the same mode / PyTorch's (below 1: tandem is faster or smaller); "
         "step_ms_median_of_rounds: the median over rounds of the per-round ratio.")
-    flags = cpu_flags()
-    bf16_hw = sorted(f for f in ("avx512_bf16", "amx_bf16", "avx512f") if f in flags)
+    bf16_hw = harness.cpu_flags(("avx512_bf16", "amx_bf16", "avx512f"))
     doc = {
         "command": command, "source": source, "quick": quick, "rounds": rounds, "warmup_steps": warmup, "timed_steps": steps,
         "setup": "W1 of scripts/bench-data-parallel (MLP 1024 -> 4x2048 ReLU -> 1024, 16.8 M parameters), "
@@ -165,7 +135,7 @@ def main():
                  "2 ranks (tandemrun --standalone --nproc-per-node 2) x 1 compute thread; step = zero_grad + "
                  "forward + loss + backward + optimizer step; peak = tandem's host allocator peak per rank "
                  "over the timed steps; medians over rounds of the larger rank's median step time",
-        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
+        "machine": {"cpu": harness.cpu_model(), "cores": os.cpu_count(),
                     "bf16_instructions": bf16_hw},
         "results": results,
         "pytorch": pytorch,
@@ -190,11 +160,8 @@ def main():
               f"peak " + (f"{q['peak_bytes_per_rank']:.3f}" if q["peak_bytes_per_rank"] else
                           f"not measured ({pytorch[mode].get('peak_error')})"))
     print(f"bf16 instructions on this CPU: {', '.join(bf16_hw) or 'none'}; base fp32 step {base} ms")
-    out = os.path.join(repo, "bench", "results", "precision.json")
-    with open(out + ".tmp", "w") as f:
-        json.dump(doc, f, indent=2)
-        f.write("\n")
-    os.replace(out + ".tmp", out)
+    doc["provenance"] = harness.provenance(command, source, load)
+    out = harness.write_result("precision", doc)
     print(f"bench-precision: wrote {out} in {doc['seconds']} s")
 
 
