@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
-"""Driver of scripts/bench-gpu (which builds bench_gpu and sets GPB_*): runs bench_gpu (tandem's
-modes and the checkpoint measurement) and bench/gpu/pytorch_gpu.py (PyTorch's modes) one after the
+"""tandem on one GPU next to PyTorch on the same card: step time and peak GPU memory of a
+134 M-parameter MLP with AdamW, world 1 over NCCL, and how long an async checkpoint save blocks
+training next to a sync save (driven by scripts/bench-gpu, which builds bench_gpu). Runs bench_gpu
+(tandem's modes plain, ddp, zero1, zero2, zero3, bf16_masters, fp16_scaler, and the checkpoint
+measurement) and bench/gpu/pytorch_gpu.py (PyTorch's modes) one after the
 other in rounds on the one GPU, takes medians over rounds, evaluates the goals of issue 26, prints a
 table and writes bench/results/gpu.json (atomically; nothing when a run fails).
 
@@ -8,42 +11,39 @@ Keys: device, torch, parameters; tandem and pytorch, each mode -> {step_ms, peak
 over rounds; per-round figures in *_per_round); checkpoint (sync save vs how long an async save
 blocks training); goals (each: met, the figures compared, the ratio and its limit); then how it was
 made (command, source: commit and uncommitted_changes, setup notes, seconds).
-GPB_DEVICE=cpu (with GPB_OUT elsewhere) rehearses the whole run on the CPU where no GPU is: both
+Full runs: 2 rounds x 20 timed steps per mode (about 2 minutes on an H100); --quick: 1 round x 8,
+marked "quick": true.
+--device cpu (with --out elsewhere) rehearses the whole run on the CPU where no GPU is: both
 programs' --device cpu, over Gloo; it checks the pipeline, none of its figures means anything."""
-import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-repo, bench, python = (os.environ[k] for k in ("GPB_REPO", "GPB_BENCH", "GPB_PYTHON"))
-command = os.environ["GPB_COMMAND"]
-out_path = os.environ["GPB_OUT"]
-quick = os.environ.get("GPB_QUICK") == "1"
-rounds = int(os.environ.get("GPB_ROUNDS") or (1 if quick else 2))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402
+
+parser = harness.parser(__doc__)
+parser.add_argument("--device", default="cuda", help="cuda, or cpu: the rehearsal")
+parser.add_argument("--out", default=os.path.join(harness.RESULTS, "gpu.json"), help="the result JSON")
+args = parser.parse_args()
+bench = harness.find_exe(args.build_dir, "bench_gpu", needs="tandem's CUDA part (the CUDA toolkit and NCCL at "
+                         "configure time) and a CUDA libtorch (libc10_cuda)")
+python = sys.executable  # the venv's: the torch wheel tandem builds against
+quick = args.quick
+command = args.command or "scripts/bench gpu" + (" --quick" if quick else "")
+out_path = args.out
+rounds = args.rounds or (1 if quick else 2)
 warmup, steps, batch = (3, 8, 64) if quick else (5, 20, 64)
-peer = os.path.join(repo, "bench", "gpu", "pytorch_gpu.py")
+peer = os.path.join(harness.REPO, "bench", "gpu", "pytorch_gpu.py")
 TANDEM_MODES = ["plain", "ddp", "zero1", "zero2", "zero3", "bf16_masters", "fp16_scaler"]
 PYTORCH_MODES = ["plain", "ddp", "fsdp2", "amp_scaler"]
 
 
-def git(*args):
-    try:
-        return subprocess.run(["git", "-C", repo] + list(args), stdout=subprocess.PIPE,
-                              stderr=subprocess.DEVNULL, text=True).stdout.strip()
-    except OSError:
-        return ""
-
-
 def run(label, argv, out):
     print("== gpu %s: %s" % (label, " ".join(argv)), flush=True)
-    p = subprocess.run(argv, stdout=sys.stdout, stderr=subprocess.STDOUT, timeout=900)
-    if p.returncode != 0 or not os.path.exists(out):
-        sys.exit("bench gpu: %s failed (exit status %d); %s not written" % (label, p.returncode, out_path))
-    with open(out) as f:
-        return json.load(f)
+    return harness.run_json(label, argv, out, echo=True)
 
 
 def median_of(runs, mode, key):
@@ -51,12 +51,12 @@ def median_of(runs, mode, key):
 
 
 start = time.time()
-source = {"commit": git("rev-parse", "HEAD"),
-          "uncommitted_changes": bool(git("status", "--porcelain", "--untracked-files=no"))}
+source = harness.source()
+load = harness.Load(warn_above=None)
 common = ["--steps", str(steps), "--warmup", str(warmup), "--batch", str(batch)]
-if os.environ.get("GPB_DEVICE", "cuda") != "cuda":  # the rehearsal: one step of each
+if args.device != "cuda":  # the rehearsal: one step of each
     warmup, steps, batch = 1, 1, 4
-    common = ["--steps", "1", "--warmup", "1", "--batch", "4", "--device", os.environ["GPB_DEVICE"]]
+    common = ["--steps", "1", "--warmup", "1", "--batch", "4", "--device", args.device]
 cpp, py = [], []
 with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
     for r in range(1, rounds + 1):
@@ -69,8 +69,8 @@ with tempfile.TemporaryDirectory(prefix="bench-gpu-") as tmp:
 
 parameters = cpp[0]["modes"]["plain"]["parameters"]
 if py[0]["modes"]["plain"]["parameters"] != parameters:
-    sys.exit("bench gpu: tandem's model has %d parameters, PyTorch's %d; %s not written"
-             % (parameters, py[0]["modes"]["plain"]["parameters"], out_path))
+    harness.fail("tandem's model has %d parameters, PyTorch's %d; %s not written"
+                 % (parameters, py[0]["modes"]["plain"]["parameters"], out_path))
 
 
 def side(runs, modes):
@@ -155,11 +155,9 @@ result = {
                         "how much longer the next step took than step_ms; medians"),
     "seconds": round(time.time() - start, 1),
 }
-text = json.dumps(result, indent=1) + "\n"
-os.makedirs(os.path.dirname(out_path), exist_ok=True)
-with open(out_path + ".tmp", "w") as f:
-    f.write(text)
-os.replace(out_path + ".tmp", out_path)
+load.end()
+result["provenance"] = harness.provenance(command, source, load)
+harness.write_result("gpu", result, indent=1, path=out_path)
 
 MiB = 2.0 ** 20
 print()
