@@ -59,6 +59,16 @@ def parser(doc, rounds=True):
     return p
 
 
+def setup(parser, programs=(), needs=None):
+    """Parses the arguments, finds PROGRAMS in the build directory (find_exe) and checks that this
+    python can import NEEDS (require): (args, path of each program...)."""
+    args = parser.parse_args()
+    paths = [find_exe(args.build_dir, p) for p in programs]
+    if needs:
+        require(needs)
+    return (args, *paths)
+
+
 def find_exe(build, name, needs=None):
     """BUILD/bin/NAME (every executable lands there: CMAKE_RUNTIME_OUTPUT_DIRECTORY), or fails
     saying how to build it (NEEDS: what the build needs for it, where that is not everything)."""

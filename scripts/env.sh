@@ -20,14 +20,3 @@ tandem_cmake_args() {
   prefix=$("$TANDEM_PYTHON" -c 'import torch.utils; print(torch.utils.cmake_prefix_path)')
   echo "-DCMAKE_PREFIX_PATH=$prefix -DPython3_EXECUTABLE=$TANDEM_PYTHON"
 }
-
-# tandem_exe BUILD NAME: the path of executable NAME built in BUILD. Every executable lands in
-# BUILD/bin (CMakeLists.txt sets CMAKE_RUNTIME_OUTPUT_DIRECTORY); says so and fails when it is not
-# built. Assign it (exe=$(tandem_exe ...)) so that `set -e` stops the script on a failure.
-tandem_exe() {
-  if [ ! -x "$1/bin/$2" ]; then
-    echo "scripts: $1/bin/$2 is not built; build it with: scripts/build --target $2" >&2
-    return 1
-  fi
-  echo "$1/bin/$2"
-}

@@ -23,10 +23,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402
 
-args = harness.parser(__doc__).parse_args()
-bench = harness.find_exe(args.build_dir, "bench_activation_checkpointing")
+args, bench = harness.setup(harness.parser(__doc__), ["bench_activation_checkpointing"], needs="torch")
 python = sys.executable  # the venv's (scripts/env.sh): the torch wheel tandem builds against
-harness.require("torch")
 quick = args.quick
 command = args.command or "scripts/bench activation_checkpointing" + (" --quick" if quick else "")
 peer = os.path.join(harness.REPO, "bench", "activation_checkpointing", "pytorch_checkpoint.py")

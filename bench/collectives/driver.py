@@ -19,14 +19,12 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402
 
-args = harness.parser(__doc__).parse_args()
+args, bench, tandemrun = harness.setup(harness.parser(__doc__), ["bench_collectives", "tandemrun"],
+                                       needs="torch.distributed")
 if args.rounds is not None and args.rounds < 1:
     harness.fail("--rounds needs a positive number")
-bench = harness.find_exe(args.build_dir, "bench_collectives")
-tandemrun = harness.find_exe(args.build_dir, "tandemrun")
 python = sys.executable  # the venv's (scripts/env.sh): the torch wheel tandem builds against
 torchrun = os.path.join(os.path.dirname(python), "torchrun")
-harness.require("torch.distributed")
 if not os.access(torchrun, os.X_OK):
     harness.fail("%s is missing (run scripts/install-deps)" % torchrun)
 peer = os.path.join(harness.REPO, "bench", "collectives", "pytorch_allreduce.py")

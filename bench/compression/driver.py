@@ -29,10 +29,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402
 
-args = harness.parser(__doc__).parse_args()
-bench = harness.find_exe(args.build_dir, "bench_data_parallel")
-tandemrun = harness.find_exe(args.build_dir, "tandemrun")
-kernels_exe = harness.find_exe(args.build_dir, "bench_cast_kernels")
+args, bench, tandemrun, kernels_exe = harness.setup(
+    harness.parser(__doc__), ["bench_data_parallel", "tandemrun", "bench_cast_kernels"])
 quick = args.quick
 rounds = args.rounds or (1 if quick else 2)
 command = args.command or "scripts/bench-compression" + (" --quick" if quick else "")

@@ -21,11 +21,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402
 
-args = harness.parser(__doc__).parse_args()
-bench = harness.find_exe(args.build_dir, "bench_data_parallel")
-tandemrun = harness.find_exe(args.build_dir, "tandemrun")
+args, bench, tandemrun = harness.setup(harness.parser(__doc__), ["bench_data_parallel", "tandemrun"], needs="torch")
 python = sys.executable  # the venv's (scripts/env.sh): the torch wheel tandem builds against
-harness.require("torch")
 quick = args.quick
 command = args.command or "scripts/bench-data-parallel" + (" --quick" if quick else "")
 peer = os.path.join(harness.REPO, "bench", "data_parallel", "pytorch_ddp.py")

@@ -16,11 +16,9 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402
 
-args = harness.parser(__doc__, rounds=False).parse_args()
-bench = harness.find_exe(args.build_dir, "bench_sharded")
-tandemrun = harness.find_exe(args.build_dir, "tandemrun")
+args, bench, tandemrun = harness.setup(harness.parser(__doc__, rounds=False), ["bench_sharded", "tandemrun"],
+                                       needs="torch.distributed")
 python = sys.executable  # the venv's (scripts/env.sh)
-harness.require("torch.distributed")
 quick = args.quick
 command = args.command or "scripts/bench precision" + (" --quick" if quick else "")
 peer = os.path.join(harness.REPO, "bench", "precision", "pytorch_amp.py")

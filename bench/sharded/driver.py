@@ -42,11 +42,8 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import harness  # noqa: E402
 
-args = harness.parser(__doc__).parse_args()
-bench = harness.find_exe(args.build_dir, "bench_sharded")
-tandemrun = harness.find_exe(args.build_dir, "tandemrun")
+args, bench, tandemrun = harness.setup(harness.parser(__doc__), ["bench_sharded", "tandemrun"], needs="torch")
 python = sys.executable  # the venv's: the torch wheel tandem builds against
-harness.require("torch")
 quick = args.quick
 command = args.command or "scripts/bench sharded" + (" --quick" if quick else "")
 peer = os.path.join(harness.REPO, "bench", "sharded", "pytorch_zero.py")
