@@ -13,7 +13,6 @@ rounds of the per-run step time (the larger of the two ranks' median step times)
 rounds, ~7 min) add tandem with gradient_as_bucket_view=false (copies) and tandem over TCP, for
 analysis; --quick (2 rounds, fewer steps, ~1 min) skips them and marks the JSON "quick": true."""
 import os
-import statistics
 import sys
 import tempfile
 import time
