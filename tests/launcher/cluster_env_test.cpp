@@ -1,7 +1,7 @@
 // Slurm node lists and task lists, and the cluster variables (Slurm, Kubeflow PyTorchJob) that
 // become tandemrun's launch defaults; plus, black-box, the precedence command line > PET_* >
 // cluster variables > defaults and the one log line naming the source.
-#include "tools/tandemrun/cluster_env.h"
+#include "tools/tandemrun/launch/cluster_env.h"
 
 #include <gtest/gtest.h>
 #include <tandem/base/errors.h>

@@ -16,7 +16,7 @@
 #include <tandem/base/errors.h>
 
 #include "tests/launcher/tandemrun_process.h"
-#include "tools/tandemrun/job_token.h"
+#include "tools/tandemrun/elastic/job_token.h"
 
 namespace tandem::launcher_test {
 namespace {

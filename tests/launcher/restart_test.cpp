@@ -13,7 +13,7 @@
 
 #include "tests/launcher/tandemrun_process.h"
 #include "base/launch_contract.h"
-#include "tools/tandemrun/root_cause.h"
+#include "tools/tandemrun/supervise/root_cause.h"
 
 namespace tandem::launcher_test {
 namespace {

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "tests/launcher/tandemrun_process.h"
-#include "tools/tandemrun/standby_pool.h"
+#include "tools/tandemrun/launch/standby_pool.h"
 
 namespace tandem::launcher_test {
 namespace {

@@ -119,10 +119,10 @@ class CheckLayers(unittest.TestCase):
 
     def test_tool_library_including_a_program_header_fails(self):
         code, out = run_check(self.planted("tools/trace-tools/trace_merge.cpp",
-                                           '#include "tools/tandemrun/fd_io.h"'))
+                                           '#include "tools/tandemrun/launch/fd_io.h"'))
         self.assertEqual(code, 1, out)
         self.assertIn('tools/trace-tools/trace_merge.cpp:1: the tool library tools/trace-tools/ '
-                      'includes "tools/tandemrun/fd_io.h"', out)
+                      'includes "tools/tandemrun/launch/fd_io.h"', out)
 
     def test_example_including_private_fails(self):
         code, out = run_check(self.planted("examples/train_mlp.cpp", '#include "base/json.h"'))

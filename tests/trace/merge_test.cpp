@@ -15,7 +15,7 @@
 #include "tools/trace-tools/trace_merge.h"
 #include "tools/trace-tools/trace_summary.h"
 #include "tools/trace-tools/trace_svg.h"
-#include "tools/tandemrun/launcher_trace.h"
+#include "tools/tandemrun/report/launcher_trace.h"
 
 namespace tandem::trace {
 namespace {

@@ -19,17 +19,17 @@
 #include <tandem/base/errors.h>
 
 #include "base/launch_contract.h"
-#include "tools/tandemrun/elastic_agent.h"
-#include "tools/tandemrun/fd_io.h"
-#include "tools/tandemrun/free_port.h"
-#include "tools/tandemrun/ft_reporter.h"
-#include "tools/tandemrun/launcher_options.h"
-#include "tools/tandemrun/launcher_trace.h"
-#include "tools/tandemrun/root_cause.h"
-#include "tools/tandemrun/run_summary.h"
-#include "tools/tandemrun/signal_relay.h"
-#include "tools/tandemrun/worker_env.h"
-#include "tools/tandemrun/worker_group.h"
+#include "tools/tandemrun/elastic/elastic_agent.h"
+#include "tools/tandemrun/launch/fd_io.h"
+#include "tools/tandemrun/launch/free_port.h"
+#include "tools/tandemrun/ft/ft_reporter.h"
+#include "tools/tandemrun/launch/launcher_options.h"
+#include "tools/tandemrun/report/launcher_trace.h"
+#include "tools/tandemrun/supervise/root_cause.h"
+#include "tools/tandemrun/report/run_summary.h"
+#include "tools/tandemrun/launch/signal_relay.h"
+#include "tools/tandemrun/launch/worker_env.h"
+#include "tools/tandemrun/launch/worker_group.h"
 
 namespace tandem::launcher {
 namespace {
